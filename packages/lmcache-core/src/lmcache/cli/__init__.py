@@ -1,0 +1,1 @@
+"""The ``lmcache`` command line."""

@@ -1,0 +1,1 @@
+"""One module per ``lmcache`` sub-command; each exposes ``register(subparsers)``."""
