@@ -13,6 +13,7 @@ import logging
 import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from lmcache.cli import commands
 from lmcache.logging import init_logger
@@ -35,11 +36,29 @@ def build_parser() -> argparse.ArgumentParser:
     for module_info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if module_info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{commands.__name__}.{module_info.name}")
+        try:
+            module = importlib.import_module(f"{commands.__name__}.{module_info.name}")
+        except Exception as exc:
+            # One broken command (say, a missing optional dependency) must not take the
+            # others down; the error surfaces when that command is run.
+            _register_broken_command(subparsers, module_info.name, exc)
+            continue
         register = getattr(module, "register", None)
         if register is not None:
             register(subparsers)
     return parser
+
+
+def _register_broken_command(subparsers: Any, name: str, exc: Exception) -> None:
+    reason = f"{type(exc).__name__}: {exc}"
+    parser = subparsers.add_parser(name, help=f"(unavailable: {reason})", add_help=False)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(_args: argparse.Namespace) -> int:
+        logger.error("lmcache %s is unavailable: %s", name, reason)
+        return 1
+
+    parser.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

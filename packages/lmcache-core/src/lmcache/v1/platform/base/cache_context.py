@@ -1,0 +1,70 @@
+"""``BaseCacheContext``: the server-side view of one worker's registered KV cache.
+
+LMCache-driven mode maps a worker's KV tensors into the server process (through the
+device's ``DeviceIPCWrapper``); the cache context owns those mappings, the layout
+description the copy kernels need, and any staging buffers.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import threading
+from typing import Any, ClassVar
+
+import torch
+
+
+class BaseCacheContext(abc.ABC):
+    """A device's cache context; subclasses set ``device_type`` and implement the rest."""
+
+    device_type: ClassVar[str] = ""
+
+    def __init__(self, *, kv_caches: list[torch.Tensor], device: Any, num_layers: int) -> None:
+        if not kv_caches:
+            raise ValueError("a cache context needs at least one KV-cache tensor")
+        self._kv_caches = list(kv_caches)
+        self._device = device
+        self._num_layers = num_layers
+        self._imported_events: dict[int, Any] = {}
+        self._event_tokens = itertools.count(1)
+        self._events_lock = threading.Lock()
+
+    @property
+    def device(self) -> Any:
+        return self._device
+
+    @property
+    def kv_tensors(self) -> list[torch.Tensor]:
+        return self._kv_caches
+
+    @property
+    def num_layers(self) -> int:
+        return self._num_layers
+
+    def hold_imported_event(self, event: Any) -> int:
+        """Keep an imported worker event alive until the stream wait on it has drained."""
+        with self._events_lock:
+            token = next(self._event_tokens)
+            self._imported_events[token] = event
+        return token
+
+    def release_imported_event(self, token: int) -> None:
+        with self._events_lock:
+            self._imported_events.pop(token, None)
+
+    @abc.abstractmethod
+    def cache_size_per_token(self) -> int:
+        """Bytes of KV cache per token across all layers."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every mapping and buffer; the context is unusable afterwards."""
+
+    def report_status(self) -> dict[str, Any]:
+        return {
+            "device_type": self.device_type,
+            "device": str(self._device),
+            "num_layers": self._num_layers,
+            "num_kv_tensors": len(self._kv_caches),
+        }

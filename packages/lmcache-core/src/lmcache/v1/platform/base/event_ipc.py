@@ -1,0 +1,108 @@
+"""Event IPC: ordering KV-cache memory access between a worker and the cache server.
+
+LMCache-driven transfers let the server touch a worker's device memory directly, so both
+sides must agree on *when* the memory is ready.  A backend exports an event the producer
+recorded on its stream; the consumer imports it and makes its own stream wait on it --
+no device-wide synchronization.  ``query_event`` must never block.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Protocol, runtime_checkable
+
+# Exported events must outlive the consumer's import; keep a bounded ring of them.
+_EXPORTED_EVENT_RING_SIZE = 2048
+
+
+@runtime_checkable
+class EventIPCBackend(Protocol):
+    """The event-IPC contract; a device opts in through ``DeviceSpec.event_ipc_backend``."""
+
+    device_type: str
+
+    def check_event_support(self, device: Any) -> None:
+        """Raise ``RuntimeError`` when the device cannot export/import events."""
+
+    def create_event(self, device: Any) -> Any: ...
+
+    def export_event(self, event: Any, device: Any) -> bytes: ...
+
+    def import_event(self, handle: bytes, device: Any) -> Any: ...
+
+    def record_event(self, event: Any, stream: Any) -> None: ...
+
+    def wait_event(self, event: Any, stream: Any) -> None: ...
+
+    def query_event(self, event: Any) -> bool: ...
+
+    def synchronize_event(self, event: Any, device: Any) -> None: ...
+
+
+class DefaultEventIPCBackend:
+    """Event IPC over a CUDA-style event module (``torch.cuda``-like).
+
+    Requires ``Event(interprocess=True)`` with ``ipc_handle()``, ``Event.from_ipc_handle``,
+    ``record``, ``wait``, ``query`` and ``synchronize``.
+    """
+
+    def __init__(self, event_module: Any = None, device_type: str | None = None) -> None:
+        if event_module is None or device_type is None:
+            from lmcache.v1.platform import get_torch_device
+
+            active_module, active_type = get_torch_device()
+            event_module = event_module if event_module is not None else active_module
+            device_type = device_type if device_type is not None else active_type
+        self.event_module = event_module
+        self.device_type = device_type
+        self._exported: collections.deque[Any] = collections.deque(maxlen=_EXPORTED_EVENT_RING_SIZE)
+        self._lock = threading.Lock()
+
+    def check_event_support(self, device: Any) -> None:
+        event_cls = getattr(self.event_module, "Event", None)
+        if event_cls is None:
+            raise RuntimeError(
+                f"event IPC unsupported for device {device!r}: "
+                f"{self.event_module!r} has no Event class"
+            )
+        try:
+            event_cls(interprocess=True)
+        except TypeError as exc:
+            raise RuntimeError(
+                f"event IPC unsupported for device {device!r}: "
+                f"{self.event_module!r}.Event does not accept interprocess=True ({exc})"
+            ) from exc
+        except Exception as exc:
+            raise RuntimeError(
+                f"event IPC unsupported for device {device!r}: cannot create an "
+                f"interprocess event ({type(exc).__name__}: {exc})"
+            ) from exc
+        if not hasattr(event_cls, "from_ipc_handle"):
+            raise RuntimeError(
+                f"event IPC unsupported for device {device!r}: "
+                f"{self.event_module!r}.Event has no from_ipc_handle"
+            )
+
+    def create_event(self, device: Any) -> Any:
+        return self.event_module.Event(interprocess=True)
+
+    def export_event(self, event: Any, device: Any) -> bytes:
+        with self._lock:
+            self._exported.append(event)
+        return bytes(event.ipc_handle())
+
+    def import_event(self, handle: bytes, device: Any) -> Any:
+        return self.event_module.Event.from_ipc_handle(device, handle)
+
+    def record_event(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def wait_event(self, event: Any, stream: Any) -> None:
+        event.wait(stream)
+
+    def query_event(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def synchronize_event(self, event: Any, device: Any) -> None:
+        event.synchronize()
