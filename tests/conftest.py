@@ -1,0 +1,64 @@
+"""Fixtures shared by the whole conformance suite.
+
+The suite runs against the *installed* lmcache-core (and, in a plugin's nox session, that
+plugin's wheel), so nothing here imports from the source tree directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+# Env vars that steer backend selection; subprocess tests start from a clean slate.
+SELECTION_ENV_VARS = (
+    "DEVICE_TYPE",
+    "LMCACHE_DEVICE_BACKEND",
+    "LMCACHE_DEVICE_PLUGINS_AUTOLOAD",
+    "LMCACHE_TEST_PLUGINS_AVAILABLE",
+    "LMCACHE_MP_TRANSFER_MODE",
+)
+
+
+def clean_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SELECTION_ENV_VARS}
+    env.update(overrides or {})
+    return env
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run a Python snippet in a fresh interpreter (the registry is cached per process)."""
+
+    def run(
+        code: str, env: Mapping[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=clean_env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
+
+
+@pytest.fixture
+def run_python_json(
+    run_python: Callable[..., subprocess.CompletedProcess[str]],
+) -> Callable[..., Any]:
+    """Run a snippet that prints one JSON document as its last stdout line; return it."""
+
+    def run(code: str, env: Mapping[str, str] | None = None) -> Any:
+        proc = run_python(code, env)
+        assert proc.returncode == 0, f"snippet failed:\n{proc.stdout}\n{proc.stderr}"
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    return run
