@@ -315,9 +315,7 @@ def _build_parts(
     return parts
 
 
-def _layout_from_parts(
-    spec: KVFormatSpec, parts: list[Part], num_layers: int, block_size: int
-) -> PagedLayout:
+def _layout_from_parts(spec: KVFormatSpec, parts: list[Part], num_layers: int) -> PagedLayout:
     view = parts[0].view
     head_width = max(p.cols.stop or p.view.shape[-1] for p in parts)
     return PagedLayout(
@@ -325,7 +323,7 @@ def _layout_from_parts(
         parts=parts,
         num_layers=num_layers,
         num_blocks=view.shape[2],
-        block_size=view.shape[3] if block_size <= 0 else block_size,
+        block_size=view.shape[3],
         num_heads=view.shape[4],
         head_width=head_width,
         dtype=view.dtype,
@@ -343,7 +341,7 @@ def paged_layout_from_tensors(paged: Any, spec: KVFormatSpec, block_size: int) -
         num_layers = parts[0].view.shape[1]
     else:
         num_layers = 1 + max(layer for _t, _kv, layer, _p in tensors)
-    layout = _layout_from_parts(spec, parts, num_layers, block_size)
+    layout = _layout_from_parts(spec, parts, num_layers)
     for _view, *_ in parts[1:]:
         if _view.shape[2:5] != parts[0].view.shape[2:5] or _view.dtype != layout.dtype:
             raise ValueError(
@@ -506,4 +504,9 @@ def canonical_object(obj: torch.Tensor, layout: PagedLayout) -> torch.Tensor:
     if obj.dtype != layout.dtype:
         obj = obj.view(layout.dtype)
     kv = layout.spec.kv_size
+    if obj.dim() == 4 and obj.shape[0] != kv:
+        raise ValueError(
+            f"{layout.spec.engine_kv_format.name}: LMCache buffer has {obj.shape[0]} KV planes, "
+            f"the layout stores {kv}"
+        )
     return obj.view(kv, layout.num_layers, -1, layout.num_heads, layout.head_width)
