@@ -62,3 +62,15 @@ def run_python_json(
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under nox the suite must exercise the built wheels, never the source tree.
+    if os.environ.get("LMCACHE_TEST_REQUIRE_INSTALLED") == "1":
+        import lmcache
+
+        location = os.path.realpath(lmcache.__file__)
+        if "site-packages" not in location:
+            raise pytest.UsageError(
+                f"lmcache imported from {location}, not from an installed wheel"
+            )

@@ -1,0 +1,139 @@
+"""Build every wheel and run every suite against the *built* wheels.
+
+Sessions (``nox -l`` lists them):
+
+* ``build`` -- wheels for lmcache-core and every ``plugins/*`` folder into ``dist/``.
+* ``tests`` -- lmcache-core wheel + registry test plugins + the conformance suite.
+* ``tests(plugin='lmcache-xyz')`` -- the same plus one vendor plugin wheel and that
+  plugin's own tests: a plugin's test suite *is* the core conformance suite run with the
+  plugin installed.  Plugins are discovered from ``plugins/*``, never listed by hand.
+* ``lint`` (ruff), ``typecheck`` (mypy), ``docs`` (mkdocs --strict).
+
+torch is pinned to 2.13.0, which resolves to the CPU wheel here; an unpinned torch can
+pull gigabytes of CUDA wheels.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CORE = ROOT / "packages" / "lmcache-core"
+PLUGINS = sorted(p for p in (ROOT / "plugins").glob("lmcache-*") if (p / "pyproject.toml").exists())
+TEST_PLUGINS = sorted(
+    p for p in (ROOT / "tests" / "plugins").iterdir() if (p / "pyproject.toml").exists()
+)
+DIST = ROOT / "dist"
+
+TORCH = "torch==2.13.0"
+BUILD_DEPS = ["setuptools>=77", "wheel", "scikit-build-core>=0.10", "nanobind>=2"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "psutil"]
+
+nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = False
+
+
+def _build_wheel(session: nox.Session, project: Path, out_dir: Path) -> Path:
+    """Build one wheel (no isolation: build deps are installed in the session)."""
+    session.log(f"building wheel for {project.relative_to(ROOT)}")
+    before = set(out_dir.glob("*.whl")) if out_dir.exists() else set()
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--wheel-dir",
+        str(out_dir),
+        str(project),
+        silent=True,
+    )
+    built = set(out_dir.glob("*.whl")) - before
+    name = project.name.replace("-", "_")
+    candidates = built or {w for w in out_dir.glob("*.whl") if w.name.startswith(name)}
+    if not candidates:
+        session.error(f"no wheel produced for {project}")
+    return max(candidates, key=lambda w: w.stat().st_mtime)
+
+
+def _install_wheels(session: nox.Session, projects: list[Path]) -> None:
+    """Build the given projects into a session-private folder and install the wheels."""
+    session.install(TORCH)
+    session.install(*BUILD_DEPS)
+    out_dir = Path(session.create_tmp()) / "wheels"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    wheels = [_build_wheel(session, project, out_dir) for project in projects]
+    # --force-reinstall --no-deps: always test exactly the wheels just built.
+    session.install("--force-reinstall", "--no-deps", *map(str, wheels))
+    session.install(str(wheels[0]))  # resolve the core's runtime dependencies
+
+
+def _run_suite(session: nox.Session, *extra_paths: str) -> None:
+    session.install(*TEST_DEPS)
+    session.chdir(ROOT)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests",
+        *extra_paths,
+        *session.posargs,
+        env={"LMCACHE_TEST_REQUIRE_INSTALLED": "1"},
+    )
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build every distributable wheel into dist/."""
+    session.install(TORCH, *BUILD_DEPS)
+    DIST.mkdir(exist_ok=True)
+    for project in [CORE, *PLUGINS]:
+        wheel = _build_wheel(session, project, DIST)
+        session.log(f"built {wheel.name}")
+
+
+@nox.session
+@nox.parametrize(
+    "plugin", [None, *[p.name for p in PLUGINS]], ids=["core", *[p.name for p in PLUGINS]]
+)
+def tests(session: nox.Session, plugin: str | None) -> None:
+    """The conformance suite against the core wheel, optionally with one plugin wheel."""
+    projects = [CORE, *TEST_PLUGINS]
+    extra: list[str] = []
+    if plugin is not None:
+        plugin_dir = ROOT / "plugins" / plugin
+        projects.append(plugin_dir)
+        if (plugin_dir / "tests").is_dir():
+            extra.append(str(plugin_dir / "tests"))
+    _install_wheels(session, projects)
+    session.run("python", "-m", "lmcache.cli.main", "devices")
+    _run_suite(session, *extra)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and format check over the whole tree."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the core and every plugin's Python sources."""
+    session.install(TORCH, "mypy", "msgspec", "pyzmq", "numpy", "types-PyYAML", "pytest")
+    session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site; warnings are errors."""
+    session.install("mkdocs>=1.6")
+    session.run(
+        "mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site")
+    )
