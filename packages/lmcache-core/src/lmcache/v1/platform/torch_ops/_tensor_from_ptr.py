@@ -34,6 +34,14 @@ def _get_copy_lib() -> Any:
     return None
 
 
+def _device_runtime() -> Any:
+    """The runtime library, but only when a device is usable (a bare libcudart without a
+    driver fails every call)."""
+    if not torch.cuda.is_available():
+        return None
+    return _get_copy_lib()
+
+
 def _host_bytes(ptr: int, nbytes: int) -> torch.Tensor:
     """A uint8 tensor aliasing ``nbytes`` of host memory at ``ptr`` (no copy)."""
     if nbytes <= 0:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.platform.torch_ops._tensor_from_ptr import _get_copy_lib
+from lmcache.v1.platform.torch_ops._tensor_from_ptr import _device_runtime
 from lmcache.v1.platform.torch_ops.mem_kernels import _runtime_memcpy
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def _bind_to_node(address: int, size: int, numa_id: int) -> None:
 
 
 def _runtime_host_register(address: int, size: int) -> str | None:
-    lib = _get_copy_lib()
+    lib = _device_runtime()
     if lib is None:
         return None
     for register, _unregister in _HOST_REGISTER_SYMBOLS:
@@ -174,7 +174,7 @@ def _unpin(address: int) -> None:
         _libc().munlock(ctypes.c_void_p(address), ctypes.c_size_t(size))
         return
     unregister = dict(_HOST_REGISTER_SYMBOLS)[how]
-    getattr(_get_copy_lib(), unregister)(ctypes.c_void_p(address))
+    getattr(_device_runtime(), unregister)(ctypes.c_void_p(address))
 
 
 def _alloc_mapped(size: int, *, numa_id: int | None, hugepages: bool, pin: bool) -> int:

@@ -21,7 +21,7 @@ from lmcache.v1.platform.torch_ops._kv_format import (
     paged_layout,
     paged_layout_from_tensors,
 )
-from lmcache.v1.platform.torch_ops._tensor_from_ptr import _get_copy_lib, _host_bytes
+from lmcache.v1.platform.torch_ops._tensor_from_ptr import _device_runtime, _host_bytes
 from lmcache.v1.platform.torch_ops.mp_mem_kernels import _validate_direction
 
 __all__ = [
@@ -317,7 +317,7 @@ def _byte_view(buffer: int | torch.Tensor, nbytes: int) -> torch.Tensor:
 
 def _runtime_memcpy(dest: int, src: int, nbytes: int) -> bool:
     """Synchronous device-runtime memcpy for raw pointers; False when no runtime exists."""
-    lib = _get_copy_lib()
+    lib = _device_runtime()
     if lib is None:
         return False
     for symbol in _DEVICE_MEMCPY_SYMBOLS:
