@@ -1,0 +1,41 @@
+"""Policy interface: the policy only orders keys; the tier decides what may be evicted."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class BaseCachePolicy(abc.ABC, Generic[K]):
+    """Tracks the keys of one tier and yields them in eviction order.
+
+    Not thread-safe: the owning tier calls it under its own lock.  The tier skips
+    candidates it cannot evict (pinned, in use), which is why the policy yields an
+    iterator instead of a single victim.
+    """
+
+    @abc.abstractmethod
+    def on_put(self, key: K) -> None:
+        """``key`` was inserted."""
+
+    @abc.abstractmethod
+    def on_hit(self, key: K) -> None:
+        """``key`` was read."""
+
+    @abc.abstractmethod
+    def on_remove(self, key: K) -> None:
+        """``key`` left the tier (evicted or removed); unknown keys are ignored."""
+
+    @abc.abstractmethod
+    def candidates(self) -> Iterator[K]:
+        """Keys, best eviction victim first.
+
+        Lazy (no copy of the key set): collect victims first, then call :meth:`on_remove`;
+        changing the policy while iterating is an error.
+        """
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...

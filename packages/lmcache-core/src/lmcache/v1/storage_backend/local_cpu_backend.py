@@ -1,0 +1,327 @@
+"""L1: memory objects kept in host memory, bounded by the allocator's buffer.
+
+Objects stored here live in this backend's allocator; objects from elsewhere are copied in
+on put.  Eviction follows the configured policy but never touches an object that is
+pinned or still referenced by a reader (``MemoryObj.can_evict``).  When nothing can be
+evicted, ``allocate(..., busy_loop=True)`` sleeps on the allocator's free notification
+(re-checking at least every 50 ms for unpins) until ``blocking_timeout_secs`` runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
+from lmcache.v1.memory_management import (
+    HostMemoryAllocator,
+    MemoryAllocatorInterface,
+    MemoryFormat,
+    MemoryObj,
+    normalize_shapes_dtypes,
+    part_offsets,
+)
+from lmcache.v1.storage_backend.abstract_backend import AllocatorBackendInterface
+from lmcache.v1.storage_backend.cache_policy import get_cache_policy
+
+logger = logging.getLogger(__name__)
+
+_RECHECK_INTERVAL_S = 0.05
+
+
+class LocalCPUBackend(AllocatorBackendInterface):
+    """Host-memory tier and the allocator every other tier reads into.
+
+    ``memory_allocator`` lets a caller (the MP server) supply its own allocator, e.g. one
+    over shared memory; otherwise one of ``config.max_local_cpu_size`` GB is created, in
+    shared memory when ``shm_name`` (or ``extra_config["local_cpu.shm_name"]``) is given.
+    With ``config.local_cpu`` false the backend only allocates and stores nothing.
+    """
+
+    def __init__(
+        self,
+        config: LMCacheEngineConfig | None = None,
+        metadata: LMCacheMetadata | None = None,
+        dst_device: str = "cpu",
+        memory_allocator: MemoryAllocatorInterface | None = None,
+        shm_name: str | None = None,
+    ) -> None:
+        super().__init__(dst_device=dst_device)
+        self.config = config if config is not None else LMCacheEngineConfig()
+        self.metadata = metadata
+        self.use_hot = self.config.local_cpu
+        self._shm_name = shm_name
+        self._owns_allocator = memory_allocator is None
+        self.memory_allocator: MemoryAllocatorInterface = (
+            memory_allocator
+            if memory_allocator is not None
+            else self.initialize_allocator(self.config, metadata)
+        )
+        self._hot: dict[CacheEngineKey, MemoryObj] = {}
+        self._policy = get_cache_policy(self.config.cache_policy)
+        self._lock = threading.Lock()
+        self._timeout_s = float(self.config.blocking_timeout_secs)
+        self._closed = False
+
+    # -- allocator ----------------------------------------------------------------------------
+
+    def initialize_allocator(
+        self, config: LMCacheEngineConfig, metadata: LMCacheMetadata | None
+    ) -> MemoryAllocatorInterface:
+        return HostMemoryAllocator.from_config(config, shm_name=self._shm_name)
+
+    def get_memory_allocator(self) -> MemoryAllocatorInterface:
+        return self.memory_allocator
+
+    def get_allocator_backend(self) -> LocalCPUBackend:
+        return self
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        eviction: bool = True,
+        busy_loop: bool = True,
+    ) -> MemoryObj | None:
+        obj = self.memory_allocator.allocate(shapes, dtypes, fmt)
+        if obj is not None or not eviction:
+            return obj
+        shape_list, dtype_list = normalize_shapes_dtypes(shapes, dtypes)
+        nbytes = part_offsets(shape_list, dtype_list)[-1]
+        if nbytes > self.memory_allocator.capacity_bytes:
+            logger.warning(
+                "allocation of %d bytes exceeds the CPU tier (%d bytes)",
+                nbytes,
+                self.memory_allocator.capacity_bytes,
+            )
+            return None
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            obj = self._evict_and_allocate(shapes, dtypes, fmt, nbytes)
+            if obj is not None:
+                return obj
+            remaining = deadline - time.monotonic()
+            if not busy_loop or remaining <= 0 or self._closed:
+                if busy_loop:
+                    logger.warning(
+                        "no evictable memory for %d bytes after %.1fs (pinned or in use)",
+                        nbytes,
+                        self._timeout_s,
+                    )
+                return None
+            self.memory_allocator.wait_for_free(min(_RECHECK_INTERVAL_S, remaining))
+
+    def _evict_and_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat,
+        nbytes: int,
+    ) -> MemoryObj | None:
+        with self._lock:
+            while True:
+                obj = self.memory_allocator.allocate(shapes, dtypes, fmt)
+                if obj is not None:
+                    return obj
+                victims = self._pick_victims(nbytes)
+                if not victims:
+                    return None
+                for key in victims:
+                    self._drop_locked(key)
+
+    def _pick_victims(self, nbytes: int) -> list[CacheEngineKey]:
+        victims: list[CacheEngineKey] = []
+        freed = 0
+        for key in self._policy.candidates():
+            obj = self._hot[key]
+            if obj.can_evict:
+                victims.append(key)
+                freed += obj.get_physical_size()
+                if freed >= nbytes:
+                    break
+        return victims
+
+    def _drop_locked(self, key: CacheEngineKey) -> MemoryObj:
+        obj = self._hot.pop(key)
+        self._policy.on_remove(key)
+        obj.ref_count_down()
+        return obj
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        eviction: bool = True,
+        busy_loop: bool = True,
+    ) -> list[MemoryObj] | None:
+        objs: list[MemoryObj] = []
+        for _ in range(batch_size):
+            obj = self.allocate(shapes, dtypes, fmt, eviction=eviction, busy_loop=busy_loop)
+            if obj is None:
+                for allocated in objs:
+                    allocated.ref_count_down()
+                return None
+            objs.append(obj)
+        return objs
+
+    def calculate_chunk_budget(self) -> int:
+        if self.metadata is None:
+            return super().calculate_chunk_budget()
+        return self.memory_allocator.capacity_bytes // max(1, self.metadata.chunk_bytes())
+
+    # -- storage ------------------------------------------------------------------------------
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        with self._lock:
+            obj = self._hot.get(key)
+            if obj is None:
+                return False
+            if pin:
+                obj.pin()
+            return True
+
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        hot = self._hot
+        hits = 0
+        with self._lock:
+            for key in keys:
+                obj = hot.get(key)
+                if obj is None:
+                    break
+                if pin:
+                    obj.pin()
+                hits += 1
+        return hits
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        return False  # puts complete synchronously
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: list[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> list[Future] | None:
+        if len(keys) != len(objs):
+            raise ValueError(f"{len(keys)} keys but {len(objs)} objects")
+        for key, obj in zip(keys, objs):
+            if self.use_hot:
+                self._insert(key, obj)
+            if on_complete_callback is not None:
+                on_complete_callback(key)
+        return None
+
+    def _insert(self, key: CacheEngineKey, obj: MemoryObj) -> None:
+        if obj.parent() is not self.memory_allocator:
+            with self._lock:
+                if key in self._hot:
+                    return
+            copy = self._copy_in(obj)
+            if copy is None:
+                logger.warning("CPU tier full: put of %s dropped", key)
+                return
+            obj, owned = copy, True
+        else:
+            owned = False
+        with self._lock:
+            if key in self._hot:
+                if owned:
+                    obj.ref_count_down()
+                return
+            if not owned:
+                obj.ref_count_up()
+            self._hot[key] = obj
+            self._policy.on_put(key)
+
+    def _copy_in(self, src: MemoryObj) -> MemoryObj | None:
+        """A copy of a foreign object in this tier's allocator (so the byte bound holds)."""
+        size = src.get_size()
+        src_raw = src.raw_tensor
+        if src_raw is None:
+            return None
+        if src.metadata.shapes is None and src.get_dtype() is not None:
+            dst = self.allocate(src.get_shape(), src.get_dtypes()[0], src.get_memory_format())
+        else:
+            dst = self.allocate(src.get_shapes(), src.get_dtypes(), src.get_memory_format())
+        if dst is None:
+            return None
+        dst_raw = dst.raw_tensor
+        assert dst_raw is not None
+        dst_raw[:size].copy_(src_raw[:size])
+        if src.metadata.used_size is not None:
+            dst.set_used_size(src.metadata.used_size)
+        return dst
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        with self._lock:
+            obj = self._hot.get(key)
+            if obj is None:
+                return None
+            obj.ref_count_up()
+            self._policy.on_hit(key)
+            return obj
+
+    def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        results: list[MemoryObj | None] = []
+        with self._lock:
+            for key in keys:
+                obj = self._hot.get(key)
+                if obj is not None:
+                    obj.ref_count_up()
+                    self._policy.on_hit(key)
+                results.append(obj)
+        return results
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            obj = self._hot.get(key)
+            return obj.pin() if obj is not None else False
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            obj = self._hot.get(key)
+            return obj.unpin() if obj is not None else False
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        with self._lock:
+            obj = self._hot.get(key)
+            if obj is None or (not force and not obj.can_evict):
+                return False
+            self._drop_locked(key)
+            return True
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def get_keys(self) -> list[CacheEngineKey]:
+        with self._lock:
+            return list(self._hot)
+
+    def __len__(self) -> int:
+        return len(self._hot)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.memory_allocator.used_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.memory_allocator.capacity_bytes
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for key in list(self._hot):
+                self._drop_locked(key)
+        if self._owns_allocator:
+            self.memory_allocator.close()
