@@ -176,7 +176,7 @@ def block_walk(
                     yield position // blocks_per_object, token, (layer, kv, block, offset)
 
 
-def reference_block_store(
+def reference_block_transfer(
     layout: RefLayout,
     g: Geometry,
     cache: Any,
@@ -184,23 +184,12 @@ def reference_block_store(
     block_ids: list[int],
     blocks_per_object: int,
     skip: int,
+    store: bool,
 ) -> None:
-    """D2H by hand: one token row at a time."""
+    """D2H (``store``) or H2D by hand: one token row at a time."""
     for index, token, where in block_walk(layout, g, block_ids, blocks_per_object, skip):
         row = object_row(layout, objects[index], where[0], where[1], token)
-        row.copy_(token_row(layout, g, cache, *where))
-
-
-def reference_block_load(
-    layout: RefLayout,
-    g: Geometry,
-    cache: Any,
-    objects: list[torch.Tensor],
-    block_ids: list[int],
-    blocks_per_object: int,
-    skip: int,
-) -> None:
-    """H2D by hand: one token row at a time."""
-    for index, token, where in block_walk(layout, g, block_ids, blocks_per_object, skip):
-        row = object_row(layout, objects[index], where[0], where[1], token)
-        set_token_row(layout, g, cache, where, row)
+        if store:
+            row.copy_(token_row(layout, g, cache, *where))
+        else:
+            set_token_row(layout, g, cache, where, row)

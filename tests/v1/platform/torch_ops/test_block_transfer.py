@@ -17,8 +17,7 @@ from kv_reference import (
     flat_tensors,
     object_shape,
     random_tensor,
-    reference_block_load,
-    reference_block_store,
+    reference_block_transfer,
     zeros_like_cache,
 )
 
@@ -75,14 +74,18 @@ def round_trip(
         )  # fmt: skip
 
     call(cache, objects, TransferDirection.D2H)
-    reference_block_store(layout, g, cache, expected_objects, block_ids, blocks_per_object, skip)
+    reference_block_transfer(
+        layout, g, cache, expected_objects, block_ids, blocks_per_object, skip, store=True
+    )
     for got, want in zip(objects, expected_objects):
         assert torch.equal(got, want)
 
     target = zeros_like_cache(cache)
     expected_target = zeros_like_cache(cache)
     call(target, objects, TransferDirection.H2D)
-    reference_block_load(layout, g, expected_target, objects, block_ids, blocks_per_object, skip)
+    reference_block_transfer(
+        layout, g, expected_target, objects, block_ids, blocks_per_object, skip, store=False
+    )
     assert caches_equal(target, expected_target)
 
 
@@ -126,14 +129,14 @@ def test_layers_carved_from_one_allocation(ops: Any, fmt: int) -> None:
     ops.multi_layer_block_kv_transfer(
         cache, objects, ids, "cpu", TransferDirection.D2H, desc, 8, EngineKVFormat(fmt), 0
     )
-    reference_block_store(layout, g, cache, expected, ids, 2, 0)
+    reference_block_transfer(layout, g, cache, expected, ids, 2, 0, store=True)
     assert all(torch.equal(a, b) for a, b in zip(objects, expected))
     whole.zero_()
     ops.multi_layer_block_kv_transfer(
         cache, objects, ids, "cpu", TransferDirection.H2D, desc, 8, EngineKVFormat(fmt), 0
     )
     target = zeros_like_cache(single)
-    reference_block_load(layout, g, target, objects, ids, 2, 0)
+    reference_block_transfer(layout, g, target, objects, ids, 2, 0, store=False)
     assert caches_equal(cache, target)
 
 

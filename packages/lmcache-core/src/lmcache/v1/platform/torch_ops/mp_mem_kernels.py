@@ -98,16 +98,25 @@ def _object_region(obj_blocks: torch.Tensor, part: Part) -> torch.Tensor:
     return obj_blocks[part.kv, part.layers][..., part.cols]
 
 
+def _kv_planes(target: torch.Tensor) -> list[slice]:
+    return [slice(k, k + 1) for k in range(target.shape[0])]
+
+
 def _store_blocks(
     part: Part, region: torch.Tensor, slots: slice | torch.Tensor, engine_ids: torch.Tensor
 ) -> None:
     """D2H: engine blocks ``engine_ids`` -> object block ``slots``."""
     if isinstance(slots, slice):
         target = region[:, :, slots]
-        if target.is_contiguous() and target.device == part.view.device:
-            torch.index_select(part.view, 2, engine_ids, out=target)
-        else:
-            target.copy_(part.view.index_select(2, engine_ids))
+        # Gathering straight into the object (out=) saves a temporary and a second copy;
+        # K and V planes of one layer are each contiguous even when the pair is not.
+        planes = [slice(None)] if target.is_contiguous() else _kv_planes(target)
+        for plane in planes:
+            dst, src = target[plane], part.view[plane]
+            if dst.is_contiguous() and dst.device == src.device:
+                torch.index_select(src, 2, engine_ids, out=dst)
+            else:
+                dst.copy_(src.index_select(2, engine_ids))
         return
     gathered = part.view.index_select(2, engine_ids).to(region.device)
     region.index_copy_(2, slots, gathered)

@@ -1,0 +1,219 @@
+"""Block KV transfer per layout family: selected backend vs torch baseline vs memcpy bound.
+
+For each family (NHD layer list, HND, MLA, fused K|V, cross-layer) this stores chunks from a
+paged cache into LMCache objects (D2H) and loads them back (H2D) with
+``multi_layer_block_kv_transfer``, side by side in one process: the selected backend's op
+(``lmcache.device_ops``, or the baseline with ``--backend torch``), the torch baseline, and
+one contiguous copy of the same bytes (the memcpy bound). Times are medians of repeats
+after warm-up (``time.perf_counter``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from lmcache.v1.platform import torch_ops
+from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
+
+FAMILIES: tuple[tuple[str, EngineKVFormat], ...] = (
+    ("nhd_layer_list", EngineKVFormat.NL_X_TWO_NB_BS_NH_HS),
+    ("hnd_layer_list", EngineKVFormat.NL_X_TWO_NB_NH_BS_HS),
+    ("mla", EngineKVFormat.NL_X_NB_BS_HS),
+    ("fused_kv_vllm_cpu", EngineKVFormat.NL_X_NB_NH_BS_CS),
+    ("cross_layer", EngineKVFormat.NB_NL_TWO_BS_NH_HS),
+)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class Row:
+    family: str
+    engine_kv_format: str
+    direction: str
+    bytes: int
+    candidate_gbps: float
+    baseline_gbps: float
+    memcpy_gbps: float
+
+    @property
+    def vs_baseline(self) -> float:
+        return self.candidate_gbps / self.baseline_gbps
+
+    @property
+    def vs_memcpy(self) -> float:
+        return self.candidate_gbps / self.memcpy_gbps
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        default="selected",
+        choices=["selected", "torch"],
+        help="candidate: lmcache.device_ops (selected) or the torch baseline",
+    )
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--chunk-tokens", type=int, default=256)
+    parser.add_argument("--chunks", type=int, default=4, help="LMCache objects per call")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=[f for f, _ in FAMILIES],
+        help="only these families (repeatable)",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, for smoke tests")
+    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")  # fmt: skip
+
+
+def _apply_quick(args: argparse.Namespace) -> None:
+    if args.quick:
+        args.layers, args.kv_heads, args.head_dim = 2, 2, 16
+        args.block_size, args.chunk_tokens, args.chunks = 4, 16, 2
+        args.warmup, args.repeats = 1, 3
+
+
+def _candidate(backend: str) -> tuple[str, Callable[..., None]]:
+    if backend == "torch":
+        return "torch_ops", torch_ops.multi_layer_block_kv_transfer
+    try:
+        from lmcache import device_ops
+
+        op = device_ops.multi_layer_block_kv_transfer
+        return type(device_ops).__name__, op
+    except Exception as exc:  # registry not available: say so and measure the baseline
+        print(f"(no lmcache.device_ops: {exc}; candidate = torch baseline)")
+        return "torch_ops", torch_ops.multi_layer_block_kv_transfer
+
+
+@dataclass
+class Workload:
+    paged: Any
+    objects: list[torch.Tensor]
+    block_ids: torch.Tensor
+    desc: PageBufferShapeDesc
+    chunk_tokens: int
+    fmt: EngineKVFormat
+    nbytes: int
+
+
+def _engine_shape(
+    fmt: EngineKVFormat, nb: int, bs: int, nh: int, hs: int, nl: int
+) -> tuple[int, ...]:
+    shapes = {
+        EngineKVFormat.NL_X_TWO_NB_BS_NH_HS: (2, nb, bs, nh, hs),
+        EngineKVFormat.NL_X_TWO_NB_NH_BS_HS: (2, nb, nh, bs, hs),
+        EngineKVFormat.NL_X_NB_BS_HS: (nb, bs, hs),
+        EngineKVFormat.NL_X_NB_NH_BS_CS: (nb, nh, bs, 2 * hs),
+        EngineKVFormat.NB_NL_TWO_BS_NH_HS: (nb, nl, 2, bs, nh, hs),
+    }
+    return shapes[fmt]
+
+
+def _workload(fmt: EngineKVFormat, args: argparse.Namespace) -> Workload:
+    dtype = DTYPES[args.dtype]
+    nl, nh, hs, bs = args.layers, args.kv_heads, args.head_dim, args.block_size
+    spec = torch_ops._format_spec(fmt)
+    blocks_needed = args.chunks * args.chunk_tokens // bs
+    nb = 2 * blocks_needed
+    shape = _engine_shape(fmt, nb, bs, nh, hs, nl)
+    if spec.cross_layer:
+        paged: Any = torch.randn(shape).to(dtype)
+    else:
+        paged = [torch.randn(shape).to(dtype) for _ in range(nl)]
+    heads, width = (1, hs) if spec.mla else (nh, 2 * hs if spec.fused_packed else hs)
+    kv = spec.kv_size
+    obj_shape = (nl, args.chunk_tokens, heads * width)
+    objects = [torch.zeros(((kv,) if kv == 2 else ()) + obj_shape, dtype=dtype)
+               for _ in range(args.chunks)]  # fmt: skip
+    desc = PageBufferShapeDesc(kv_size=kv, nl=nl, nb=nb, bs=bs, nh=heads, hs=width,
+                               element_size=torch.empty(0, dtype=dtype).element_size(),
+                               dtype=dtype)  # fmt: skip
+    block_ids = torch.randperm(nb, generator=torch.Generator().manual_seed(0))[:blocks_needed]
+    nbytes = sum(o.numel() * o.element_size() for o in objects)
+    return Workload(paged, objects, block_ids, desc, args.chunk_tokens, fmt, nbytes)
+
+
+def _median_seconds(fn: Callable[[], Any], warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def _measure(
+    family: str, w: Workload, op: Callable[..., None], args: argparse.Namespace
+) -> list[Row]:
+    src = torch.empty(w.nbytes, dtype=torch.uint8).random_(0, 255)
+    dst = torch.empty_like(src)
+    memcpy = _gbps(w.nbytes, _median_seconds(lambda: dst.copy_(src), args.warmup, args.repeats))
+    rows = []
+    for direction in (TransferDirection.D2H, TransferDirection.H2D):
+
+        def call(fn: Callable[..., None], direction: TransferDirection = direction) -> None:
+            fn(w.paged, w.objects, w.block_ids, "cpu", direction, w.desc, w.chunk_tokens, w.fmt, 0)
+
+        times = {
+            name: _median_seconds(lambda f=fn: call(f), args.warmup, args.repeats)  # type: ignore[misc]
+            for name, fn in (
+                ("candidate", op),
+                ("baseline", torch_ops.multi_layer_block_kv_transfer),
+            )
+        }
+        rows.append(Row(family, w.fmt.name, direction.name, w.nbytes,
+                        _gbps(w.nbytes, times["candidate"]), _gbps(w.nbytes, times["baseline"]),
+                        memcpy))  # fmt: skip
+    return rows
+
+
+def _print_table(candidate: str, rows: list[Row]) -> None:
+    header = (f"{'family':<18} {'dir':<4} {'MiB':>7} {'candidate':>10} {'baseline':>10} "
+              f"{'memcpy':>8} {'cand/base':>10} {'cand/memcpy':>12}")  # fmt: skip
+    print(f"candidate = {candidate}; GB/s (1e9 bytes/s), median of repeats")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r.family:<18} {r.direction:<4} {r.bytes / 2**20:>7.1f} {r.candidate_gbps:>10.2f} "
+              f"{r.baseline_gbps:>10.2f} {r.memcpy_gbps:>8.2f} {r.vs_baseline:>10.2f} "
+              f"{r.vs_memcpy:>12.2f}")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    _apply_quick(args)
+    candidate, op = _candidate(args.backend)
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    for family, fmt in FAMILIES:
+        if args.family and family not in args.family:
+            continue
+        rows.extend(_measure(family, _workload(fmt, args), op, args))
+    _print_table(candidate, rows)
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
+        results = [asdict(r) | {"vs_baseline": r.vs_baseline, "vs_memcpy": r.vs_memcpy}
+                   for r in rows]  # fmt: skip
+        payload = {"candidate": candidate, "threads": torch.get_num_threads(), "config": config,
+                   "results": results}  # fmt: skip
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+    return 0
