@@ -1,0 +1,496 @@
+"""L2: one file per chunk on a local file system, bounded by bytes, crash-safe.
+
+A put writes ``<name>.<random>.tmp`` on a thread pool, fsyncs it and renames it to
+``<name>.lmc``, so a crash leaves either the old state or the complete file; stray
+``.tmp`` files are deleted on start-up.  The index (key -> file) lives in memory and is
+rebuilt from the directory when the backend starts.
+
+File format (little-endian)::
+
+    magic  b"LMCD" | version u16 | flags u16 | header_len u32 | payload_len u64
+    payload_crc32 u32 | header_crc32 u32 | header (UTF-8 JSON) | payload
+
+The JSON header holds the key string, shapes, dtypes, memory format and used size.
+A file whose header, length or payload checksum does not match is logged, deleted and
+reported as a miss; a reader never sees its bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import torch
+
+from lmcache.utils import CacheEngineKey, dtype_to_str, parse_cache_key, str_to_dtype
+from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
+from lmcache.v1.memory_management import (
+    MemoryFormat,
+    MemoryObj,
+    MemoryObjMetadata,
+    TensorMemoryObj,
+    part_offsets,
+)
+from lmcache.v1.storage_backend.abstract_backend import (
+    AllocatorBackendInterface,
+    StorageBackendInterface,
+)
+from lmcache.v1.storage_backend.cache_policy import get_cache_policy
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"LMCD"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<4sHHIQII")
+FILE_SUFFIX = ".lmc"
+TMP_SUFFIX = ".tmp"
+_MAX_HEADER = 1 << 20
+
+
+class CorruptFileError(Exception):
+    """A cache file failed validation."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    path: str
+    file_size: int
+    header: dict[str, Any]
+    pin_count: int = 0
+    readers: int = 0
+
+
+def file_name_for(key: CacheEngineKey) -> str:
+    """File name of ``key``: a digest, since key strings may contain '/'."""
+    return hashlib.blake2b(key.to_bytes(), digest_size=16).hexdigest() + FILE_SUFFIX
+
+
+def encode_header(key: CacheEngineKey, obj: MemoryObj) -> dict[str, Any]:
+    meta = obj.metadata
+    return {
+        "key": key.to_string(),
+        "shapes": [list(s) for s in obj.get_shapes()],
+        "dtypes": [dtype_to_str(d) for d in obj.get_dtypes()],
+        "fmt": obj.get_memory_format().value,
+        "used_size": meta.used_size,
+    }
+
+
+def _payload_view(obj: MemoryObj) -> memoryview:
+    return obj.byte_array
+
+
+def read_header(f: BinaryIO, file_size: int) -> tuple[dict[str, Any], int, int]:
+    """``(header, payload_len, payload_crc)``; raises :class:`CorruptFileError`."""
+    prefix = f.read(_PREFIX.size)
+    if len(prefix) != _PREFIX.size:
+        raise CorruptFileError("truncated prefix")
+    magic, version, _flags, header_len, payload_len, payload_crc, header_crc = _PREFIX.unpack(
+        prefix
+    )
+    if magic != MAGIC:
+        raise CorruptFileError("bad magic")
+    if version != FORMAT_VERSION:
+        raise CorruptFileError(f"unsupported format version {version}")
+    if header_len > _MAX_HEADER:
+        raise CorruptFileError("header too large")
+    if file_size != _PREFIX.size + header_len + payload_len:
+        raise CorruptFileError(
+            f"size {file_size} != expected {_PREFIX.size + header_len + payload_len}"
+        )
+    raw_header = f.read(header_len)
+    if len(raw_header) != header_len or zlib.crc32(raw_header) != header_crc:
+        raise CorruptFileError("header checksum mismatch")
+    try:
+        header = json.loads(raw_header)
+    except ValueError as exc:
+        raise CorruptFileError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict) or "key" not in header:
+        raise CorruptFileError("header without key")
+    return header, payload_len, payload_crc
+
+
+class LocalDiskBackend(StorageBackendInterface):
+    """Disk tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator)."""
+
+    def __init__(
+        self,
+        config: LMCacheEngineConfig | None = None,
+        local_cpu_backend: LocalCPUBackend | None = None,
+        metadata: LMCacheMetadata | None = None,
+        dst_device: str = "cpu",
+        path: str | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        super().__init__(dst_device=dst_device)
+        self.config = config if config is not None else LMCacheEngineConfig()
+        self.metadata = metadata
+        self.local_cpu_backend = local_cpu_backend
+        self.path = path or self._pick_path()
+        os.makedirs(self.path, exist_ok=True)
+        self.capacity_bytes = (
+            max_bytes if max_bytes is not None else self.config.local_disk_size_bytes
+        )
+        self._fsync = bool(self.config.get_extra_config_value("local_disk.fsync", True))
+        workers = int(self.config.get_extra_config_value("local_disk.num_workers", 4))
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmc-disk")
+        self._lock = threading.Lock()
+        self._index: dict[CacheEngineKey, _Entry] = {}
+        self._policy = get_cache_policy(self.config.cache_policy)
+        self._put_tasks: dict[CacheEngineKey, Future] = {}
+        self._used = 0
+        self._rebuild_index()
+
+    def _pick_path(self) -> str:
+        paths = self.config.local_disk_paths()
+        if not paths:
+            raise ValueError("LocalDiskBackend needs config key 'local_disk' (a directory)")
+        worker = self.metadata.worker_id if self.metadata is not None else 0
+        if self.config.local_disk_path_sharding == "by_gpu":
+            return paths[worker % len(paths)]
+        return paths[0]
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    def _rebuild_index(self) -> None:
+        found: list[tuple[float, CacheEngineKey, _Entry]] = []
+        for dirent in os.scandir(self.path):
+            if not dirent.is_file():
+                continue
+            if dirent.name.endswith(TMP_SUFFIX):
+                logger.info("removing unfinished write %s", dirent.path)
+                self._unlink(dirent.path)
+            elif dirent.name.endswith(FILE_SUFFIX):
+                loaded = self._load_entry(dirent.path)
+                if loaded is not None:
+                    found.append((dirent.stat().st_mtime, *loaded))
+        found.sort(key=lambda item: item[0])
+        with self._lock:
+            for _, key, entry in found:
+                self._index[key] = entry
+                self._policy.on_put(key)
+                self._used += entry.file_size
+            self._evict_locked(0)
+        if found:
+            logger.info(
+                "disk tier %s: %d objects (%d bytes) indexed", self.path, len(found), self._used
+            )
+
+    def _load_entry(self, path: str) -> tuple[CacheEngineKey, _Entry] | None:
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                header, _, _ = read_header(f, size)
+            key = parse_cache_key(header["key"])
+            if os.path.basename(path) != file_name_for(key):
+                raise CorruptFileError("file name does not match its key")
+        except (OSError, CorruptFileError, ValueError, KeyError) as exc:
+            logger.warning("corrupt cache file %s (%s): removed", path, exc)
+            self._unlink(path)
+            return None
+        return key, _Entry(path, size, header)
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            return key in self._put_tasks
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: list[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> list[Future] | None:
+        if len(keys) != len(objs):
+            raise ValueError(f"{len(keys)} keys but {len(objs)} objects")
+        futures: list[Future] = []
+        for key, obj in zip(keys, objs):
+            header = json.dumps(encode_header(key, obj)).encode("utf-8")
+            file_size = _PREFIX.size + len(header) + obj.get_size()
+            with self._lock:
+                if key in self._index or key in self._put_tasks:
+                    continue
+                if not self._evict_locked(file_size):
+                    logger.debug("disk tier full (pinned or in use): put of %s skipped", key)
+                    continue
+                self._used += file_size
+                obj.ref_count_up()
+                future = self._executor.submit(
+                    self._write, key, obj, header, file_size, on_complete_callback
+                )
+                self._put_tasks[key] = future
+            futures.append(future)
+        return futures
+
+    def _write(
+        self,
+        key: CacheEngineKey,
+        obj: MemoryObj,
+        header: bytes,
+        file_size: int,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None,
+    ) -> None:
+        final = os.path.join(self.path, file_name_for(key))
+        tmp = f"{final}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+        try:
+            payload = _payload_view(obj)
+            prefix = _PREFIX.pack(
+                MAGIC,
+                FORMAT_VERSION,
+                0,
+                len(header),
+                len(payload),
+                zlib.crc32(payload),
+                zlib.crc32(header),
+            )
+            with open(tmp, "wb", buffering=0) as f:
+                _write_all(f, prefix + header)
+                _write_all(f, payload)
+                if self._fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            logger.exception("disk write of %s failed", key)
+            self._unlink(tmp)
+            with self._lock:
+                self._used -= file_size
+                self._put_tasks.pop(key, None)
+            obj.ref_count_down()
+            raise
+        with self._lock:
+            self._index[key] = _Entry(final, file_size, json.loads(header))
+            self._policy.on_put(key)
+            self._put_tasks.pop(key, None)
+        obj.ref_count_down()
+        if on_complete_callback is not None:
+            on_complete_callback(key)
+
+    def _evict_locked(self, incoming: int) -> bool:
+        """Make room for ``incoming`` bytes; False if pinned/in-use files prevent it."""
+        if incoming > self.capacity_bytes:
+            return False
+        excess = self._used + incoming - self.capacity_bytes
+        if excess <= 0:
+            return True
+        victims = []
+        for key in self._policy.candidates():
+            entry = self._index[key]
+            if entry.pin_count == 0 and entry.readers == 0:
+                victims.append(key)
+                excess -= entry.file_size
+                if excess <= 0:
+                    break
+        if excess > 0:
+            return False
+        for key in victims:
+            self._drop_locked(key)
+        return True
+
+    def _drop_locked(self, key: CacheEngineKey) -> None:
+        entry = self._index.pop(key)
+        self._policy.on_remove(key)
+        self._used -= entry.file_size
+        self._unlink(entry.path)
+
+    @staticmethod
+    def _unlink(path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("cannot remove %s: %s", path, exc)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                return False
+            if pin:
+                entry.pin_count += 1
+            return True
+
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        hits = 0
+        with self._lock:
+            for key in keys:
+                entry = self._index.get(key)
+                if entry is None:
+                    break
+                if pin:
+                    entry.pin_count += 1
+                hits += 1
+        return hits
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        with self._lock:
+            pending = self._put_tasks.get(key)
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException:
+                return None
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                return None
+            entry.readers += 1
+            self._policy.on_hit(key)
+        corrupt = False
+        try:
+            obj = self._read(key, entry)
+        except (OSError, CorruptFileError, ValueError, KeyError) as exc:
+            logger.warning("corrupt cache file %s for %s (%s): removed", entry.path, key, exc)
+            obj, corrupt = None, True
+        with self._lock:
+            entry.readers -= 1
+            if corrupt and self._index.get(key) is entry:
+                self._drop_locked(key)
+        return obj
+
+    def _read(self, key: CacheEngineKey, entry: _Entry) -> MemoryObj | None:
+        with open(entry.path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            header, payload_len, payload_crc = read_header(f, size)
+            if header["key"] != key.to_string():
+                raise CorruptFileError("key in header does not match")
+            shapes = [torch.Size(s) for s in header["shapes"]]
+            dtypes = [str_to_dtype(d) for d in header["dtypes"]]
+            fmt = MemoryFormat(header["fmt"])
+            obj = self._allocate(shapes, dtypes, fmt)
+            if obj is None:
+                logger.warning("no memory to read %s from disk", key)
+                return None
+            try:
+                if header.get("used_size") is not None:
+                    obj.set_used_size(int(header["used_size"]))
+                if obj.get_size() != payload_len:
+                    raise CorruptFileError("payload length does not match the header")
+                view = obj.byte_array
+                _read_exact(f, view)
+                if zlib.crc32(view) != payload_crc:
+                    raise CorruptFileError("payload checksum mismatch")
+            except BaseException:
+                obj.ref_count_down()
+                raise
+        return obj
+
+    def _allocate(
+        self, shapes: list[torch.Size], dtypes: list[torch.dtype], fmt: MemoryFormat
+    ) -> MemoryObj | None:
+        if self.local_cpu_backend is not None:
+            if len(shapes) == 1:
+                return self.local_cpu_backend.allocate(shapes[0], dtypes[0], fmt)
+            return self.local_cpu_backend.allocate(shapes, dtypes, fmt)
+        nbytes = part_offsets(shapes, dtypes)[-1]
+        multi = len(shapes) > 1
+        meta = MemoryObjMetadata(
+            shape=shapes[0],
+            dtype=dtypes[0],
+            address=0,
+            phy_size=nbytes,
+            ref_count=1,
+            fmt=fmt,
+            shapes=shapes if multi else None,
+            dtypes=dtypes if multi else None,
+        )
+        return TensorMemoryObj(torch.empty(nbytes, dtype=torch.uint8), meta)
+
+    # -- pins and removal ---------------------------------------------------------------------
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                return False
+            entry.pin_count += 1
+            return True
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or entry.pin_count == 0:
+                return False
+            entry.pin_count -= 1
+            return True
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        with self._lock:
+            pending = self._put_tasks.get(key)
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException:
+                pass
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None:
+                return False
+            if not force and (entry.pin_count or entry.readers):
+                return False
+            self._drop_locked(key)
+            return True
+
+    # -- misc ---------------------------------------------------------------------------------
+
+    def get_allocator_backend(self) -> AllocatorBackendInterface:
+        if self.local_cpu_backend is None:
+            raise RuntimeError("LocalDiskBackend was built without a LocalCPUBackend")
+        return self.local_cpu_backend
+
+    def wait_for_puts(self) -> None:
+        """Block until every submitted put has finished (tests, shutdown, benchmarks)."""
+        with self._lock:
+            pending = list(self._put_tasks.values())
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:
+                pass
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def get_keys(self) -> list[CacheEngineKey]:
+        with self._lock:
+            return list(self._index)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+def _write_all(f: BinaryIO, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = f.write(view)
+        if not written:
+            raise OSError("short write")
+        view = view[written:]
+
+
+def _read_exact(f: BinaryIO, dst: memoryview) -> None:
+    view = dst.cast("B") if dst.format != "B" else dst
+    while view:
+        n = f.readinto(view)  # type: ignore[attr-defined]
+        if not n:
+            raise CorruptFileError("truncated payload")
+        view = view[n:]

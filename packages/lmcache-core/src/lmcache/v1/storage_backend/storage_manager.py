@@ -1,0 +1,300 @@
+"""The storage manager: L1 CPU -> L2 disk -> plugin backends, behind one backend interface.
+
+* Puts go to L1 synchronously and are written through to every lower tier in the
+  background (tiers that queue their own writes, like the disk tier, directly; others on
+  the manager's writer thread).  The returned futures finish when the lower tiers have the
+  data; ``on_complete_callback`` fires once a key is readable through the manager.
+* Lookups (``batched_contains``) count the leading keys present in *any* tier, advancing
+  tier by tier with each tier's batch call rather than probing key by key.
+* A hit in a lower tier is promoted into L1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
+from lmcache.v1.memory_management import MemoryAllocatorInterface, MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import (
+    AllocatorBackendInterface,
+    StorageBackendInterface,
+)
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
+from lmcache.v1.storage_backend.plugins import storage_plugin_launcher
+
+logger = logging.getLogger(__name__)
+
+L1_NAME = "LocalCPUBackend"
+L2_NAME = "LocalDiskBackend"
+
+
+def create_storage_backends(
+    config: LMCacheEngineConfig,
+    metadata: LMCacheMetadata | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+    dst_device: str = "cpu",
+    memory_allocator: MemoryAllocatorInterface | None = None,
+    shm_name: str | None = None,
+) -> OrderedDict[str, StorageBackendInterface]:
+    """Backends in lookup order, keyed as upstream ("LocalCPUBackend", "LocalDiskBackend",
+    then plugin names).  The CPU backend is always created: every tier allocates from it."""
+    backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
+    cpu = LocalCPUBackend(config, metadata, dst_device, memory_allocator, shm_name)
+    backends[L1_NAME] = cpu
+    if config.local_disk and config.max_local_disk_size > 0:
+        backends[L2_NAME] = LocalDiskBackend(config, cpu, metadata, dst_device)
+    if config.remote_url is not None:
+        logger.warning("remote_url %r: no remote backend in this build; ignored", config.remote_url)
+    storage_plugin_launcher(config, metadata, loop, cpu, dst_device, backends)
+    return backends
+
+
+CreateStorageBackends = create_storage_backends
+
+
+class StorageManager(AllocatorBackendInterface):
+    """All tiers as one :class:`AllocatorBackendInterface` (allocation comes from L1)."""
+
+    def __init__(
+        self,
+        config: LMCacheEngineConfig | None = None,
+        metadata: LMCacheMetadata | None = None,
+        dst_device: str = "cpu",
+        loop: asyncio.AbstractEventLoop | None = None,
+        memory_allocator: MemoryAllocatorInterface | None = None,
+        shm_name: str | None = None,
+        backends: OrderedDict[str, StorageBackendInterface] | None = None,
+    ) -> None:
+        super().__init__(dst_device=dst_device)
+        self.config = config if config is not None else LMCacheEngineConfig()
+        self.metadata = metadata
+        self.storage_backends = (
+            backends
+            if backends is not None
+            else create_storage_backends(
+                self.config, metadata, loop, dst_device, memory_allocator, shm_name
+            )
+        )
+        l1 = self.storage_backends.get(L1_NAME)
+        if not isinstance(l1, LocalCPUBackend):
+            raise ValueError(f"the backends need a {L1_NAME!r} entry")
+        self.local_cpu_backend = l1
+        self._l1_stores = l1.use_hot
+        self._lower = [b for name, b in self.storage_backends.items() if name != L1_NAME]
+        self._tiers: list[StorageBackendInterface] = ([l1] if self._l1_stores else []) + self._lower
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmc-writethrough")
+        self._pending: set[Future] = set()
+        self._pending_lock = threading.Lock()
+
+    # -- allocation (L1) ----------------------------------------------------------------------
+
+    def initialize_allocator(
+        self, config: LMCacheEngineConfig, metadata: LMCacheMetadata
+    ) -> MemoryAllocatorInterface:
+        return self.local_cpu_backend.initialize_allocator(config, metadata)
+
+    def get_memory_allocator(self) -> MemoryAllocatorInterface:
+        return self.local_cpu_backend.get_memory_allocator()
+
+    def get_allocator_backend(self) -> LocalCPUBackend:
+        return self.local_cpu_backend
+
+    def allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        eviction: bool = True,
+        busy_loop: bool = True,
+    ) -> MemoryObj | None:
+        return self.local_cpu_backend.allocate(shapes, dtypes, fmt, eviction, busy_loop)
+
+    def batched_allocate(
+        self,
+        shapes: torch.Size | list[torch.Size],
+        dtypes: torch.dtype | list[torch.dtype],
+        batch_size: int,
+        fmt: MemoryFormat = MemoryFormat.KV_2LTD,
+        eviction: bool = True,
+        busy_loop: bool = True,
+    ) -> list[MemoryObj] | None:
+        return self.local_cpu_backend.batched_allocate(
+            shapes, dtypes, batch_size, fmt, eviction, busy_loop
+        )
+
+    def calculate_chunk_budget(self) -> int:
+        return self.local_cpu_backend.calculate_chunk_budget()
+
+    # -- puts ---------------------------------------------------------------------------------
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        return any(b.exists_in_put_tasks(key) for b in self._tiers)
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: list[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> list[Future] | None:
+        if len(keys) != len(objs):
+            raise ValueError(f"{len(keys)} keys but {len(objs)} objects")
+        callback_left = on_complete_callback
+        if self._l1_stores:
+            self.local_cpu_backend.batched_submit_put_task(keys, objs, transfer_spec)
+            if on_complete_callback is not None:
+                for key in keys:
+                    on_complete_callback(key)
+            callback_left = None
+        futures: list[Future] = []
+        for backend in self._lower:
+            futures.extend(self._write_through(backend, keys, objs, transfer_spec, callback_left))
+            callback_left = None
+        return futures or None
+
+    def _write_through(
+        self,
+        backend: StorageBackendInterface,
+        keys: Sequence[CacheEngineKey],
+        objs: list[MemoryObj],
+        transfer_spec: Any,
+        callback: Callable[[CacheEngineKey], None] | None,
+    ) -> list[Future]:
+        if isinstance(backend, LocalDiskBackend):
+            # The disk tier queues its own writes (and holds its own references).
+            return backend.batched_submit_put_task(keys, objs, transfer_spec, callback) or []
+        for obj in objs:
+            obj.ref_count_up()  # the writer thread's references
+
+        def write() -> None:
+            try:
+                inner = backend.batched_submit_put_task(keys, objs, transfer_spec, callback)
+                for future in inner or []:
+                    future.result()
+            except Exception:
+                logger.exception("write-through to %s failed", backend)
+            finally:
+                for obj in objs:
+                    obj.ref_count_down()
+
+        future = self._writer.submit(write)
+        with self._pending_lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+        return [future]
+
+    def _forget(self, future: Future) -> None:
+        with self._pending_lock:
+            self._pending.discard(future)
+
+    def wait_for_puts(self) -> None:
+        """Block until every write-through submitted so far has finished."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        for future in pending:
+            future.exception()
+        for backend in self._lower:
+            if isinstance(backend, LocalDiskBackend):
+                backend.wait_for_puts()
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _promote(self, keys: Sequence[CacheEngineKey], objs: list[MemoryObj]) -> None:
+        if self._l1_stores and keys:
+            self.local_cpu_backend.batched_submit_put_task(keys, objs)
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        for backend in self._tiers:
+            obj = backend.get_blocking(key)
+            if obj is not None:
+                if backend is not self.local_cpu_backend:
+                    self._promote([key], [obj])
+                return obj
+        return None
+
+    def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        results: list[MemoryObj | None] = [None] * len(keys)
+        missing = list(range(len(keys)))
+        for backend in self._tiers:
+            if not missing:
+                break
+            found = backend.batched_get_blocking([keys[i] for i in missing])
+            still_missing = []
+            hit_keys, hit_objs = [], []
+            for i, obj in zip(missing, found):
+                if obj is None:
+                    still_missing.append(i)
+                else:
+                    results[i] = obj
+                    hit_keys.append(keys[i])
+                    hit_objs.append(obj)
+            if backend is not self.local_cpu_backend:
+                self._promote(hit_keys, hit_objs)
+            missing = still_missing
+        return results
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        if pin:  # protect every copy, so no tier drops it while the caller relies on it
+            return any([b.contains(key, pin=True) for b in self._tiers])
+        return any(b.contains(key) for b in self._tiers)
+
+    def lookup_location(self, key: CacheEngineKey) -> str | None:
+        """Name of the first tier holding ``key``."""
+        for name, backend in self.storage_backends.items():
+            if (backend is not self.local_cpu_backend or self._l1_stores) and backend.contains(key):
+                return name
+        return None
+
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        """Leading keys present in some tier; each tier extends the prefix with one batch call."""
+        pos = 0
+        progressed = True
+        while progressed and pos < len(keys):
+            progressed = False
+            for backend in self._tiers:
+                hits = backend.batched_contains(keys[pos:], pin=pin)
+                if hits:
+                    pos += hits
+                    progressed = True
+                    if pos == len(keys):
+                        break
+        return pos
+
+    # -- pins and removal ---------------------------------------------------------------------
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        return any([b.pin(key) for b in self._tiers])
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        return any([b.unpin(key) for b in self._tiers])
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        removed = [b.remove(key, force=force) for b in self._tiers]
+        return any(removed)
+
+    def touch_cache(self) -> None:
+        for backend in self._tiers:
+            backend.touch_cache()
+
+    def cancel_request(self, req_id: str) -> None:
+        for backend in self._tiers:
+            backend.cancel_request(req_id)
+
+    def close(self) -> None:
+        self.wait_for_puts()
+        self._writer.shutdown(wait=True)
+        for backend in reversed(list(self.storage_backends.values())):
+            try:
+                backend.close()
+            except Exception:
+                logger.exception("closing %s failed", backend)
