@@ -17,6 +17,7 @@ zero can be evicted (:attr:`MemoryObj.can_evict`).
 from __future__ import annotations
 
 import abc
+import bisect
 import logging
 import math
 import os
@@ -618,12 +619,16 @@ class HostMemoryAllocator(MemoryAllocatorInterface):
 
     Why buddy and not slabs: slabs need the chunk size up front and strand memory when
     the mix of sizes changes (full chunks, partial last chunks, MLA vs. KV layouts, layer
-    keys), while a buddy allocator needs no size hint, coalesces every freed block with its
-    free buddy in O(log n), and so never leaves unusable free slivers between live objects
-    for long.  Plain buddy rounds each request up to a power of two (up to 2x waste), so we
-    trim: the unused tail of the rounded block goes straight back to the free lists as
-    aligned power-of-two pieces, and :meth:`free` releases the object as the same kind of
-    aligned pieces.  Internal waste is therefore below ``min_block_size`` per object.
+    keys), while buddy bookkeeping needs no size hint and coalesces every freed block with
+    its free buddy in O(log n), so freed neighbours always merge back into large blocks.
+    Two departures from textbook buddy keep it from wasting memory:
+      * no rounding to a power of two: an object occupies exactly its size rounded to
+        ``min_block_size``; it is freed as aligned power-of-two pieces, which the buddy
+        merge then coalesces with whatever is free around them;
+      * placement is first fit by address over runs of adjacent free blocks, so objects
+        of one size pack back to back instead of each claiming an aligned 2^k block.
+    Internal waste is below ``min_block_size`` per object, and all free space coalesces
+    back into one block when the objects are gone (``memcheck`` verifies the tiling).
     """
 
     def __init__(
@@ -642,7 +647,9 @@ class HostMemoryAllocator(MemoryAllocatorInterface):
         self._total_units = size // min_block_size
         self._size = self._total_units * min_block_size
         self._max_order = self._total_units.bit_length() - 1
-        self._free_lists: list[set[int]] = [set() for _ in range(self._max_order + 1)]
+        # Free blocks: start unit -> order, plus the starts in address order for first fit.
+        self._free_order: dict[int, int] = {}
+        self._free_starts: list[int] = []
         self._allocated: dict[int, int] = {}  # start unit -> length in units
         self._used_units = 0
         self._lock = threading.Lock()
@@ -652,7 +659,7 @@ class HostMemoryAllocator(MemoryAllocatorInterface):
         self._shm_path: str | None = None
         self.buffer = self._make_buffer(use_shm or shm_name is not None, shm_name, pin_memory)
         for start, length in _aligned_pieces(0, self._total_units):
-            self._free_lists[length.bit_length() - 1].add(start)
+            self._insert_free(start, length.bit_length() - 1)
 
     def _make_buffer(self, use_shm: bool, shm_name: str | None, pin_memory: bool) -> torch.Tensor:
         if not use_shm:
@@ -690,30 +697,47 @@ class HostMemoryAllocator(MemoryAllocatorInterface):
     # -- buddy core (caller holds self._lock) ----------------------------------------------
 
     def _take(self, units: int) -> int | None:
-        order = max(0, (units - 1).bit_length())
-        for j in range(order, self._max_order + 1):
-            if self._free_lists[j]:
-                start = self._free_lists[j].pop()
+        """First fit by address over runs of adjacent free blocks.
+
+        Taking the lowest run that fits, rather than the smallest aligned block of the
+        rounded-up order, packs same-sized chunks back to back: with plain buddy placement
+        every 192 KiB object would sit at a 256 KiB boundary and strand the gaps.
+        """
+        starts, orders = self._free_starts, self._free_order
+        run_start, run_end, first = -1, -1, 0
+        for i, start in enumerate(starts):
+            if start != run_end:
+                run_start, first = start, i
+            run_end = start + (1 << orders[start])
+            if run_end - run_start >= units:
                 break
         else:
             return None
-        while j > order:
-            j -= 1
-            self._free_lists[j].add(start + (1 << j))
-        for piece_start, piece_len in _aligned_pieces(start + units, (1 << order) - units):
+        for start in starts[first : i + 1]:
+            del orders[start]
+        del starts[first : i + 1]
+        end = run_start + units
+        for piece_start, piece_len in _aligned_pieces(end, run_end - end):
             self._give(piece_start, piece_len.bit_length() - 1)
-        return start
+        return run_start
+
+    def _insert_free(self, start: int, order: int) -> None:
+        self._free_order[start] = order
+        bisect.insort(self._free_starts, start)
+
+    def _remove_free(self, start: int) -> None:
+        del self._free_order[start]
+        del self._free_starts[bisect.bisect_left(self._free_starts, start)]
 
     def _give(self, start: int, order: int) -> None:
         while order < self._max_order:
             buddy = start ^ (1 << order)
-            free_list = self._free_lists[order]
-            if buddy not in free_list:
+            if self._free_order.get(buddy) != order:
                 break
-            free_list.remove(buddy)
+            self._remove_free(buddy)
             start = min(start, buddy)
             order += 1
-        self._free_lists[order].add(start)
+        self._insert_free(start, order)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -779,22 +803,20 @@ class HostMemoryAllocator(MemoryAllocatorInterface):
 
     def largest_free_block(self) -> int:
         with self._lock:
-            for order in range(self._max_order, -1, -1):
-                if self._free_lists[order]:
-                    return (1 << order) * self._unit
-        return 0
+            return max(((1 << o) * self._unit for o in self._free_order.values()), default=0)
 
     def memcheck(self) -> bool:
         """Free blocks and live objects tile the buffer exactly, with no buddy left unmerged."""
         with self._lock:
-            spans = [(s, n) for s, n in self._allocated.items()]
-            for order, free_list in enumerate(self._free_lists):
-                for s in free_list:
-                    if s % (1 << order):
-                        return False
-                    if order < self._max_order and (s ^ (1 << order)) in free_list:
-                        return False
-                    spans.append((s, 1 << order))
+            if sorted(self._free_order) != self._free_starts:
+                return False
+            spans = list(self._allocated.items())
+            for s, order in self._free_order.items():
+                if s % (1 << order):
+                    return False
+                if order < self._max_order and self._free_order.get(s ^ (1 << order)) == order:
+                    return False
+                spans.append((s, 1 << order))
             spans.sort()
             pos = 0
             for s, n in spans:
