@@ -29,6 +29,7 @@ from lmcache.v1.platform import torch_ops
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 from lmcache_cpu import _native, native_ops
 
+_SETTLE_SECONDS = 0.02
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -51,13 +52,19 @@ def _parse() -> argparse.Namespace:
 def _interleaved_medians(
     fns: dict[str, Callable[[], None]], iters: int, warmup: int
 ) -> dict[str, float]:
-    """Median seconds per function, timed round-robin so machine noise hits all alike."""
+    """Median seconds per function, timed round-robin so machine noise hits all alike.
+
+    Each sample starts after a short pause: torch's OpenMP workers spin for a while after
+    a parallel region, and on a 2-core machine they would otherwise steal the cores from
+    whichever variant runs next.
+    """
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(iters):
         for name, fn in fns.items():
+            time.sleep(_SETTLE_SECONDS)
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)

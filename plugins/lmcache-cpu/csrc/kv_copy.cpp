@@ -198,10 +198,19 @@ void batched_memcpy(const std::vector<uint64_t>& dsts, const std::vector<uint64_
     uint64_t dst, src;
     int64_t bytes;
   };
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0) throw std::invalid_argument("sizes[" + std::to_string(i) + "] is negative");
+  }
   std::vector<Piece> pieces;
   int64_t total = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] < 0) throw std::invalid_argument("sizes[" + std::to_string(i) + "] is negative");
+    const uint64_t gap = dsts[i] > srcs[i] ? dsts[i] - srcs[i] : srcs[i] - dsts[i];
+    if (gap < static_cast<uint64_t>(sizes[i])) {
+      // Overlapping ranges: one memmove, like the baseline, never split across threads.
+      std::memmove(reinterpret_cast<void*>(dsts[i]), reinterpret_cast<const void*>(srcs[i]),
+                   static_cast<size_t>(sizes[i]));
+      continue;
+    }
     for (int64_t off = 0; off < sizes[i]; off += kMemcpyPiece) {
       pieces.push_back({dsts[i] + off, srcs[i] + off, std::min(kMemcpyPiece, sizes[i] - off)});
     }

@@ -53,6 +53,12 @@ def test_batched_memcpy(native_ops: ModuleType) -> None:
         [s.data_ptr() for s in srcs], [d.data_ptr() for d in dsts], [s.numel() for s in srcs]
     )
     assert all(torch.equal(s, d) for s, d in zip(srcs, dsts))
+    # Overlapping source and destination behave like memmove (as the baseline's ctypes copy).
+    buf = torch.arange(64, dtype=torch.uint8)
+    expected = buf.clone()
+    expected[8:56] = buf[0:48].clone()
+    native_ops.batched_memcpy([buf.data_ptr()], [buf.data_ptr() + 8], [48])
+    assert torch.equal(buf, expected)
     with pytest.raises(ValueError, match="equal lengths"):
         native_ops.batched_memcpy([1], [], [])
     with pytest.raises(ValueError, match="negative"):

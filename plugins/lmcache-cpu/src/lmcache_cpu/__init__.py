@@ -7,5 +7,7 @@ entry point, and the C++ module is imported only when the ops object is first cr
 
 from __future__ import annotations
 
+from lmcache_cpu.errors import KVIndexError
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["KVIndexError", "__version__"]

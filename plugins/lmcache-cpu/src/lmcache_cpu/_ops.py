@@ -9,9 +9,10 @@ exotic dtype reinterpretations, malformed shapes) go to the matching
 baseline's. Nothing is written before every check has passed.
 
 Two deliberate differences from the baseline: an out-of-range block id or slot raises
-:class:`KVIndexError` (an ``IndexError`` that is also a ``ValueError``, so callers catching
-the baseline's ``ValueError`` keep working), and a non-contiguous LMCache buffer or engine
-head dimension raises ``ValueError`` naming the argument instead of being copied slowly.
+:class:`lmcache_cpu.errors.KVIndexError` (an ``IndexError`` that is also a ``ValueError``,
+so callers catching the baseline's ``ValueError`` keep working), and a non-contiguous
+LMCache buffer or engine head dimension raises ``ValueError`` naming the argument instead
+of being copied slowly.
 """
 
 from __future__ import annotations
@@ -35,16 +36,13 @@ from lmcache_cpu._geometry import (
     tensor_buf,
     token_shape_desc,
 )
+from lmcache_cpu.errors import KVIndexError
 
 _format_spec = torch_ops._format_spec
 
 # Symbol dtypes the native CDF reads directly; anything else is converted like the baseline.
 _CDF_NATIVE_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _CDF_TOTAL = 32767
-
-
-class KVIndexError(IndexError, ValueError):
-    """A block id or slot outside the engine buffers (raised before any byte is written)."""
 
 
 def _direction(direction: Any) -> TransferDirection:
