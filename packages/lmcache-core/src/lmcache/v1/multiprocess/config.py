@@ -1,0 +1,171 @@
+"""``MPServerConfig`` and the ``lmcache server`` flags (upstream names where they exist)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import uuid
+
+from lmcache.v1.config import CACHE_POLICIES
+from lmcache.v1.multiprocess.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+
+AUTO_SHM = "auto"
+_DEFAULT_L1_CAP_GB = 1.0
+_DEFAULT_L1_FREE_FRACTION = 0.25
+
+
+@dataclasses.dataclass
+class MPServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 5555
+    instance_id: str = ""
+    chunk_size: int = 256
+    max_workers: int | None = None
+    max_gpu_workers: int | None = None
+    max_cpu_workers: int | None = None
+    l1_size_gb: float | None = None
+    eviction_policy: str = "LRU"
+    supported_transfer_mode: MPTransferMode = MPTransferMode.LMCACHE_DRIVEN
+    shm_name: str = AUTO_SHM
+    l2_disk_path: str | None = None
+    l2_disk_size_gb: float = 0.0
+    worker_reap_timeout_seconds: float = 120.0
+    session_ttl_seconds: float = 600.0
+    pending_transfer_timeout_seconds: float = 60.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    blocking_timeout_secs: int = 2
+
+    def resolved_instance_id(self) -> str:
+        return self.instance_id or uuid.uuid4().hex
+
+    def resolved_l1_size_gb(self) -> float:
+        if self.l1_size_gb is not None:
+            return self.l1_size_gb
+        return default_l1_size_gb()
+
+    def resolved_shm_name(self) -> str | None:
+        """``None`` disables SHM; ``auto`` picks a fresh name."""
+        if not self.shm_name:
+            return None
+        if self.shm_name == AUTO_SHM:
+            return f"lmcache_mp_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+        return self.shm_name.lstrip("/")
+
+    def pool_workers(self) -> tuple[int, int]:
+        """(transfer pool threads, other pool threads)."""
+        base = self.max_workers or min(4, os.cpu_count() or 1)
+        return self.max_gpu_workers or base, self.max_cpu_workers or base
+
+
+def _meminfo_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def default_l1_size_gb() -> float:
+    """min(1 GiB, a quarter of available memory, a quarter of free /dev/shm)."""
+    candidates = [_DEFAULT_L1_CAP_GB]
+    available = _meminfo_available_bytes()
+    if available:
+        candidates.append(available * _DEFAULT_L1_FREE_FRACTION / 1024**3)
+    try:
+        st = os.statvfs("/dev/shm")
+        candidates.append(st.f_bavail * st.f_frsize * _DEFAULT_L1_FREE_FRACTION / 1024**3)
+    except OSError:
+        pass
+    return max(1 / 1024, min(candidates))
+
+
+def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("MP server")
+    group.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1).")
+    group.add_argument("--port", type=int, default=5555, help="ZMQ port (default 5555).")
+    group.add_argument("--instance-id", default=None, help="Server id (default: random).")
+    group.add_argument("--chunk-size", type=int, default=256, help="Tokens per chunk.")
+    group.add_argument(
+        "--max-workers",
+        type=int,
+        default=None,
+        help="Handler threads per pool (default: min(4, CPUs); upstream default 1).",
+    )
+    group.add_argument("--max-gpu-workers", type=int, default=None, help="Transfer pool size.")
+    group.add_argument("--max-cpu-workers", type=int, default=None, help="Lookup pool size.")
+    group.add_argument(
+        "--supported-transfer-mode",
+        choices=[m.value for m in MPTransferMode],
+        default=MPTransferMode.LMCACHE_DRIVEN.value,
+        help="Transfer modes served: lmcache_driven (store/retrieve into registered KV "
+        "caches), engine_driven (prepare/commit), auto (both). Default lmcache_driven.",
+    )
+    group.add_argument(
+        "--shm-name",
+        default=AUTO_SHM,
+        help="POSIX shared-memory name of L1, shared with engine-driven workers (SHM "
+        "sub-path). Default 'auto' (a fresh name); '' disables SHM (inline sub-path only).",
+    )
+    group.add_argument(
+        "--worker-reap-timeout-seconds",
+        type=float,
+        default=120.0,
+        help="Forget a worker (and release its shared memory) after this long without "
+        "contact; 0 disables.",
+    )
+    group.add_argument("--session-ttl-seconds", type=float, default=600.0)
+    group.add_argument(
+        "--pending-transfer-timeout-seconds",
+        type=float,
+        default=60.0,
+        help="Free prepared-but-uncommitted engine-driven transfers after this long.",
+    )
+    group.add_argument(
+        "--max-message-mb",
+        type=float,
+        default=DEFAULT_MAX_MESSAGE_BYTES / 1024**2,
+        help="Largest request accepted (MiB); larger ones get a message_too_large error.",
+    )
+    storage = parser.add_argument_group("Storage")
+    storage.add_argument(
+        "--l1-size-gb",
+        type=float,
+        default=None,
+        help="L1 (host memory) size in GiB; default min(1, 1/4 of available memory).",
+    )
+    storage.add_argument(
+        "--eviction-policy",
+        choices=list(CACHE_POLICIES),
+        default="LRU",
+        type=lambda s: s.upper(),
+        help="L1 eviction policy (default LRU).",
+    )
+    storage.add_argument("--l2-disk-path", default=None, help="Directory of the disk tier (L2).")
+    storage.add_argument("--l2-disk-size-gb", type=float, default=0.0, help="Disk tier size.")
+
+
+def config_from_args(args: argparse.Namespace) -> MPServerConfig:
+    return MPServerConfig(
+        host=args.host,
+        port=args.port,
+        instance_id=args.instance_id or "",
+        chunk_size=args.chunk_size,
+        max_workers=args.max_workers,
+        max_gpu_workers=args.max_gpu_workers,
+        max_cpu_workers=args.max_cpu_workers,
+        l1_size_gb=args.l1_size_gb,
+        eviction_policy=args.eviction_policy,
+        supported_transfer_mode=MPTransferMode.parse(args.supported_transfer_mode),
+        shm_name=args.shm_name,
+        l2_disk_path=args.l2_disk_path,
+        l2_disk_size_gb=args.l2_disk_size_gb,
+        worker_reap_timeout_seconds=args.worker_reap_timeout_seconds,
+        session_ttl_seconds=args.session_ttl_seconds,
+        pending_transfer_timeout_seconds=args.pending_transfer_timeout_seconds,
+        max_message_bytes=int(args.max_message_mb * 1024**2),
+    )

@@ -1,0 +1,158 @@
+"""Data types that travel between inference workers and the MP cache server.
+
+Everything here is a ``msgspec.Struct`` or a plain dataclass msgspec encodes natively, so
+the wire never carries pickles.  Names and fields follow upstream LMCache 0.5.6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import msgspec
+
+_FORBIDDEN_SALT_CHARS = frozenset("@/\\\x00")
+MAX_CACHE_SALT_LEN = 128
+
+
+class EngineType(str, enum.Enum):
+    """The inference engine that owns a registered KV cache."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    DEFAULT = "default"
+
+
+@dataclasses.dataclass(order=True, frozen=True)
+class IPCCacheServerKey:
+    """Names a token range of one request on one worker (``worker_id`` = TP rank).
+
+    ``token_ids`` is the request's token prefix; ``[start, end)`` is the range to act on.
+    ``worker_id`` is ``None`` for a lookup on behalf of a whole TP group.
+    """
+
+    model_name: str
+    world_size: int
+    worker_id: int | None
+    token_ids: tuple[int, ...]
+    start: int
+    end: int
+    request_id: str = dataclasses.field(default="", compare=False)
+    cache_salt: str = ""
+    request_configs: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
+    num_kv_readers: int = dataclasses.field(default=0, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_cache_salt(self.cache_salt)
+
+    @staticmethod
+    def from_token_ids(
+        model_name: str,
+        world_size: int,
+        worker_id: int | None,
+        token_ids: Any,
+        start: int = 0,
+        end: int = 0,
+        request_id: str = "",
+        cache_salt: str = "",
+        num_kv_readers: int = 1,
+        request_configs: dict[str, Any] | None = None,
+    ) -> IPCCacheServerKey:
+        tokens = tuple(int(t) for t in token_ids)
+        return IPCCacheServerKey(
+            model_name=model_name,
+            world_size=world_size,
+            worker_id=worker_id,
+            token_ids=tokens,
+            start=start,
+            end=end if end else len(tokens),
+            request_id=request_id,
+            cache_salt=cache_salt,
+            request_configs=request_configs,
+            num_kv_readers=num_kv_readers,
+        )
+
+    def no_worker_id_version(self) -> IPCCacheServerKey:
+        return dataclasses.replace(self, worker_id=None)
+
+    def require_num_kv_readers(self) -> int:
+        if self.num_kv_readers < 1:
+            raise ValueError(f"num_kv_readers must be >= 1, got {self.num_kv_readers}")
+        return self.num_kv_readers
+
+
+def validate_cache_salt(salt: str) -> None:
+    if len(salt) > MAX_CACHE_SALT_LEN:
+        raise ValueError(f"cache_salt longer than {MAX_CACHE_SALT_LEN} characters")
+    bad = _FORBIDDEN_SALT_CHARS.intersection(salt)
+    if bad:
+        raise ValueError(f"cache_salt may not contain {sorted(bad)!r}")
+
+
+class RegisterEngineDrivenContextPayload(msgspec.Struct):
+    instance_id: int
+    model_name: str
+    world_size: int
+    block_size: int
+    num_layers: int
+    hidden_dim_size: int
+    dtype_str: str
+    use_mla: bool
+    num_physical_slots: int | None = None
+
+
+class RegisterEngineDrivenContextResponse(msgspec.Struct):
+    shm_name: str = ""
+    pool_size: int = 0
+
+
+class PrepareStoreResponse(msgspec.Struct):
+    context: dict[str, Any] = {}
+
+
+class PrepareRetrieveResponse(msgspec.Struct):
+    success: bool
+    data: bytes = b""
+    context: dict[str, Any] = {}
+
+
+class ShmSlotDescriptor(msgspec.Struct):
+    """One chunk's place in the server's shared-memory pool (byte offset and shape)."""
+
+    offset: int
+    length: int
+    shape: list[int]
+    dtype: str
+
+
+class InlineChunks(msgspec.Struct, forbid_unknown_fields=True):
+    """The engine-driven *inline* sub-path's ``data``: raw chunk bytes, in chunk order.
+
+    Replaces upstream's pickled list of tensors; shapes and dtype are known to both sides
+    from the registered context, so bytes are enough.
+    """
+
+    chunk_indices: list[int]
+    chunks: list[bytes]
+
+
+class ServerStats(msgspec.Struct):
+    """Counters read by tests, the benchmark and ``lmcache demo``."""
+
+    stored_tokens: int = 0
+    retrieved_tokens: int = 0
+    stored_chunks: int = 0
+    retrieved_chunks: int = 0
+    lookup_hit_tokens: int = 0
+    l1_chunks: int = 0
+    l1_used_bytes: int = 0
+    l1_capacity_bytes: int = 0
+    lmcache_driven_workers: int = 0
+    engine_driven_workers: int = 0
+    pending_prepares: int = 0
+    errors: int = 0
+    dropped_replies: int = 0
+    supported_transfer_mode: str = ""
+    shm_name: str = ""
+    chunk_size: int = 0

@@ -1,0 +1,811 @@
+"""``MPCacheServer``: what the cache server does for each operation (transport-free).
+
+Handlers raise :class:`~lmcache.v1.multiprocess.protocol.ProtocolError` for anything the
+client must learn about; the transport turns those into typed error replies.  A chunk
+becomes visible (lookup / retrieve) only after all its bytes are in L1, so a store that
+dies half-way never exposes a partial chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import torch
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.multiprocess.chunking import (
+    ChunkSpan,
+    chunk_block_ids,
+    plan_chunks,
+    prefix_chunks,
+    range_block_ids,
+)
+from lmcache.v1.multiprocess.custom_types import (
+    InlineChunks,
+    IPCCacheServerKey,
+    PrepareRetrieveResponse,
+    PrepareStoreResponse,
+    RegisterEngineDrivenContextPayload,
+    RegisterEngineDrivenContextResponse,
+    ServerStats,
+)
+from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
+from lmcache.v1.multiprocess.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+from lmcache.v1.platform.ops_types import TransferDirection
+from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+logger = logging.getLogger(__name__)
+
+# The storage key's dtype field is fixed: chunk objects carry their real dtype and shape,
+# which retrieve checks against the worker's layout (lookups know no dtype).
+_KEY_DTYPE = torch.uint8
+_MAX_LOOKUP_SESSIONS = 65536
+
+
+@dataclasses.dataclass
+class _Worker:
+    model_name: str
+    world_size: int
+    layout: KVLayout
+    mode: MPTransferMode
+    context: Any = None  # the cache context (LMCache-driven)
+    inline: bool = False  # engine-driven sub-path
+    last_seen: float = dataclasses.field(default_factory=time.monotonic)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+@dataclasses.dataclass
+class _Pending:
+    keys: list[CacheEngineKey]
+    objs: list[MemoryObj]
+    indices: list[int]
+    created: float = dataclasses.field(default_factory=time.monotonic)
+
+    def release(self) -> None:
+        for obj in self.objs:
+            obj.ref_count_down()
+        self.objs = []
+
+
+@dataclasses.dataclass
+class _LookupSession:
+    hit_tokens: int
+    pinned: list[CacheEngineKey]
+    created: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass
+class CacheServerSettings:
+    chunk_size: int = 256
+    supported_transfer_mode: MPTransferMode = MPTransferMode.LMCACHE_DRIVEN
+    worker_reap_timeout_seconds: float = 120.0
+    pending_transfer_timeout_seconds: float = 60.0
+    session_ttl_seconds: float = 600.0
+
+
+class MPCacheServer:
+    """The cache server's state: L1/L2 storage, registered workers, pending transfers."""
+
+    def __init__(
+        self,
+        settings: CacheServerSettings,
+        storage: StorageManager,
+        device_ops: Any,
+        create_cache_context: Callable[..., Any],
+        event_backend: Any = None,
+        unlink_segment: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.chunk_size = settings.chunk_size
+        self.storage = storage
+        self.ops = device_ops
+        self._create_cache_context = create_cache_context
+        self._event_backend = event_backend
+        self._unlink_segment = unlink_segment
+        allocator = storage.get_memory_allocator()
+        self.shm_name: str = getattr(allocator, "shm_name", None) or ""
+        self._pool_size = int(allocator.capacity_bytes) if self.shm_name else 0
+        self._workers: dict[int, _Worker] = {}
+        self._workers_lock = threading.Lock()
+        self._pending_stores: dict[tuple[int, tuple[int, ...]], _Pending] = {}
+        self._pending_retrieves: dict[tuple[int, tuple[int, ...]], _Pending] = {}
+        self._pending_lock = threading.Lock()
+        self._lookups: OrderedDict[str, _LookupSession] = OrderedDict()
+        self._lookups_lock = threading.Lock()
+        self.stats = ServerStats(
+            supported_transfer_mode=settings.supported_transfer_mode.value,
+            shm_name=self.shm_name,
+            chunk_size=self.chunk_size,
+        )
+        self._stats_lock = threading.Lock()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    def _require_mode(self, mode: MPTransferMode, operation: str) -> None:
+        supported = self.settings.supported_transfer_mode
+        if supported is not MPTransferMode.AUTO and supported is not mode:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_TRANSFER_MODE,
+                f"{operation}: this server runs with --supported-transfer-mode "
+                f"{supported.value}; the {mode.value} transfer mode is refused. Restart the "
+                f"server with --supported-transfer-mode {mode.value} (or auto), or switch the "
+                f"worker's mode (LMCACHE_MP_TRANSFER_MODE).",
+            )
+
+    def _worker(self, instance_id: int, mode: MPTransferMode) -> _Worker:
+        with self._workers_lock:
+            worker = self._workers.get(instance_id)
+        if worker is None or worker.mode is not mode:
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_WORKER,
+                f"no {mode.value} KV cache is registered for instance id {instance_id} "
+                f"(never registered, unregistered, or reaped after "
+                f"{self.settings.worker_reap_timeout_seconds:.0f}s without contact); "
+                f"register it again",
+            )
+        worker.last_seen = time.monotonic()
+        return worker
+
+    def _plan(self, key: IPCCacheServerKey, worker: _Worker) -> list[ChunkSpan]:
+        if key.model_name != worker.model_name or key.world_size != worker.world_size:
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD,
+                f"key is for model {key.model_name!r} world size {key.world_size}, but the "
+                f"worker registered {worker.model_name!r} world size {worker.world_size}",
+            )
+        if key.worker_id is None or not 0 <= key.worker_id < max(1, key.world_size):
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD,
+                f"key worker_id {key.worker_id!r} is not a rank of world size {key.world_size}",
+            )
+        try:
+            return plan_chunks(key, self.chunk_size)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
+
+    def _storage_key(self, key: IPCCacheServerKey, worker_id: int, chunk_hash: int) -> Any:
+        return CacheEngineKey(
+            key.model_name,
+            key.world_size,
+            worker_id,
+            chunk_hash,
+            _KEY_DTYPE,
+            key.request_configs or {},
+        )
+
+    def _keys(self, key: IPCCacheServerKey, spans: Sequence[ChunkSpan]) -> list[Any]:
+        assert key.worker_id is not None
+        return [self._storage_key(key, key.worker_id, s.chunk_hash) for s in spans]
+
+    def _allocate(self, layout: KVLayout, count: int) -> list[MemoryObj] | None:
+        shape = layout.object_shape(self.chunk_size)
+        objs: list[MemoryObj] = []
+        for _ in range(count):
+            obj = self.storage.allocate(shape, layout.dtype, layout.memory_format)
+            if obj is None:
+                for allocated in objs:
+                    allocated.ref_count_down()
+                return None
+            objs.append(obj)
+        return objs
+
+    def _transfer_view(self, obj: MemoryObj, layout: KVLayout) -> torch.Tensor:
+        tensor = obj.tensor
+        assert tensor is not None
+        return tensor.view(layout.transfer_shape(self.chunk_size))
+
+    def _check_object(self, obj: MemoryObj, layout: KVLayout) -> None:
+        expected = layout.object_shape(self.chunk_size)
+        if tuple(obj.get_shape()) != tuple(expected) or obj.get_dtype() != layout.dtype:
+            raise ProtocolError(
+                ErrorCode.SHAPE_MISMATCH,
+                f"stored chunk is {tuple(obj.get_shape())} {obj.get_dtype()}, but this worker's "
+                f"KV layout needs {tuple(expected)} {layout.dtype}",
+            )
+
+    def _block_ids(
+        self, key: IPCCacheServerKey, block_ids: list[list[int]], layout: KVLayout
+    ) -> list[int]:
+        if not block_ids:
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, "block_ids has no KV group")
+        try:
+            ids = range_block_ids(block_ids[0], key.start, key.end, layout.block_size)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.SHAPE_MISMATCH, str(exc)) from None
+        if layout.num_blocks and any(not 0 <= b < layout.num_blocks for b in ids):
+            raise ProtocolError(
+                ErrorCode.SHAPE_MISMATCH,
+                f"block ids out of range for a KV cache of {layout.num_blocks} blocks",
+            )
+        return ids
+
+    def _commit(self, keys: list[Any], objs: list[MemoryObj], spans: Sequence[ChunkSpan]) -> None:
+        """Make chunks visible (all bytes are in place), then drop our references."""
+        try:
+            self.storage.batched_submit_put_task(keys, objs)
+        finally:
+            for obj in objs:
+                obj.ref_count_down()
+        self._count(stored_chunks=len(spans), stored_tokens=sum(s.num_tokens for s in spans))
+
+    def _get_all(self, keys: list[Any]) -> list[MemoryObj] | None:
+        found = self.storage.batched_get_blocking(keys)
+        if any(obj is None for obj in found):
+            for obj in found:
+                if obj is not None:
+                    obj.ref_count_down()
+            return None
+        return [obj for obj in found if obj is not None]
+
+    def _missing(self, keys: list[Any]) -> list[int]:
+        return [i for i, k in enumerate(keys) if not self.storage.contains(k)]
+
+    # -- LMCache-driven -----------------------------------------------------------------------
+
+    def register_kv_cache(
+        self,
+        instance_id: int,
+        kv_cache: list[Any],
+        model_name: str,
+        world_size: int,
+        engine_type: Any = None,
+        layout_hints: Any = None,
+        engine_group_infos: Any = None,
+    ) -> None:
+        self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "register_kv_cache")
+        if not kv_cache:
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, "register_kv_cache: empty KV cache list")
+        if self._event_backend is not None:
+            try:
+                self._event_backend.check_event_support("cpu")
+            except RuntimeError as exc:
+                raise ProtocolError(ErrorCode.UNSUPPORTED_TRANSFER_MODE, str(exc)) from None
+        try:
+            context = self._create_cache_context(kv_cache, self.chunk_size)
+        except (ValueError, OSError, RuntimeError, NotImplementedError) as exc:
+            for wrapper in kv_cache:
+                wrapper.close()
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD, f"cannot map the registered KV cache: {exc}"
+            ) from None
+        layout: KVLayout = context.layout
+        self._replace_worker(
+            instance_id,
+            _Worker(model_name, world_size, layout, MPTransferMode.LMCACHE_DRIVEN, context),
+        )
+        logger.info(
+            "registered LMCache-driven worker %d (%s, world size %d, %d layers, %s)",
+            instance_id,
+            model_name,
+            world_size,
+            layout.num_layers,
+            dtype_name(layout.dtype),
+        )
+
+    def unregister_kv_cache(self, instance_id: int) -> None:
+        self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "unregister_kv_cache")
+        self._drop_worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
+
+    def _replace_worker(self, instance_id: int, worker: _Worker) -> None:
+        with self._workers_lock:
+            old = self._workers.pop(instance_id, None)
+            self._workers[instance_id] = worker
+        if old is not None:
+            self._release_worker(instance_id, old, unlink=False)
+
+    def _drop_worker(self, instance_id: int, mode: MPTransferMode, unlink: bool = False) -> bool:
+        with self._workers_lock:
+            worker = self._workers.get(instance_id)
+            if worker is None or worker.mode is not mode:
+                return False
+            del self._workers[instance_id]
+        self._release_worker(instance_id, worker, unlink)
+        return True
+
+    def _release_worker(self, instance_id: int, worker: _Worker, unlink: bool) -> None:
+        self._drop_pending(lambda iid: iid == instance_id)
+        if worker.context is None:
+            return
+        with worker.lock:  # wait for an in-flight copy into its pages
+            names = list(getattr(worker.context, "shm_names", []))
+            worker.context.close()
+        if unlink and self._unlink_segment is not None:
+            for name in set(names):
+                self._unlink_segment(name)
+
+    def store(
+        self, key: IPCCacheServerKey, instance_id: int, block_ids: list[list[int]], handle: bytes
+    ) -> tuple[bytes, bool]:
+        self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "store")
+        worker = self._worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
+        spans = self._plan(key, worker)
+        ids = self._block_ids(key, block_ids, worker.layout)
+        self._wait_worker_event(handle)
+        keys = self._keys(key, spans)
+        todo = self._missing(keys)
+        if not todo:
+            return b"", True
+        spans_todo = [spans[i] for i in todo]
+        objs = self._allocate(worker.layout, len(todo))
+        if objs is None:
+            logger.warning("store: L1 is full of pinned chunks; %d chunks not stored", len(todo))
+            return b"", False
+        try:
+            with worker.lock:
+                if worker.context is None or not worker.context.kv_tensors:
+                    raise ProtocolError(ErrorCode.UNKNOWN_WORKER, "worker was unregistered")
+                self._block_transfer(
+                    worker,
+                    worker.context.kv_tensors,
+                    objs,
+                    chunk_block_ids(ids, spans_todo, self.chunk_size, worker.layout.block_size),
+                    TransferDirection.D2H,
+                    0,
+                )
+        except BaseException:
+            for obj in objs:
+                obj.ref_count_down()
+            raise
+        self._commit([keys[i] for i in todo], objs, spans_todo)
+        return b"", True
+
+    def retrieve(
+        self,
+        key: IPCCacheServerKey,
+        instance_id: int,
+        block_ids: list[list[int]],
+        handle: bytes,
+        skip_first_n_tokens: int = 0,
+    ) -> tuple[bytes, bool]:
+        self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "retrieve")
+        worker = self._worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
+        spans = self._plan(key, worker)
+        ids = self._block_ids(key, block_ids, worker.layout)
+        self._wait_worker_event(handle)
+        objs = self._get_all(self._keys(key, spans))
+        if objs is None:
+            return b"", False
+        try:
+            for obj in objs:
+                self._check_object(obj, worker.layout)
+            skip_blocks = max(0, int(skip_first_n_tokens)) // worker.layout.block_size
+            with worker.lock:
+                if worker.context is None or not worker.context.kv_tensors:
+                    raise ProtocolError(ErrorCode.UNKNOWN_WORKER, "worker was unregistered")
+                self._block_transfer(
+                    worker,
+                    worker.context.kv_tensors,
+                    objs,
+                    ids,
+                    TransferDirection.H2D,
+                    skip_blocks,
+                )
+        finally:
+            for obj in objs:
+                obj.ref_count_down()
+        self._count(retrieved_chunks=len(spans), retrieved_tokens=sum(s.num_tokens for s in spans))
+        return b"", True
+
+    def _wait_worker_event(self, handle: bytes) -> None:
+        if not handle or self._event_backend is None:
+            return
+        try:
+            event = self._event_backend.import_event(handle, "cpu")
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"bad event handle: {exc}") from None
+        self._event_backend.synchronize_event(event, "cpu")
+
+    def _block_transfer(
+        self,
+        worker: _Worker,
+        kv_tensors: list[torch.Tensor],
+        objs: list[MemoryObj],
+        ids: list[int],
+        direction: TransferDirection,
+        skip_blocks: int,
+    ) -> None:
+        layout = worker.layout
+        try:
+            self.ops.multi_layer_block_kv_transfer(
+                kv_tensors,
+                [self._transfer_view(o, layout) for o in objs],
+                ids,
+                "cpu",
+                direction,
+                worker.context.get_shape_desc(0),
+                self.chunk_size,
+                layout.engine_kv_format,
+                skip_blocks,
+            )
+        except (ValueError, IndexError, RuntimeError) as exc:
+            raise ProtocolError(ErrorCode.SHAPE_MISMATCH, f"block transfer failed: {exc}") from None
+
+    # -- engine-driven ------------------------------------------------------------------------
+
+    def register_kv_cache_engine_driven_context(
+        self, payload: RegisterEngineDrivenContextPayload
+    ) -> RegisterEngineDrivenContextResponse:
+        self._require_mode(MPTransferMode.ENGINE_DRIVEN, "register_kv_cache_engine_driven_context")
+        try:
+            layout = KVLayout.from_engine_payload(
+                payload.num_layers,
+                payload.block_size,
+                payload.hidden_dim_size,
+                payload.dtype_str,
+                payload.use_mla,
+            )
+            layout.check_chunk_size(self.chunk_size)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
+        worker = _Worker(
+            payload.model_name, payload.world_size, layout, MPTransferMode.ENGINE_DRIVEN
+        )
+        worker.inline = not self.shm_name
+        self._replace_worker(payload.instance_id, worker)
+        logger.info(
+            "registered engine-driven worker %d (%s, world size %d, %d layers, %s)",
+            payload.instance_id,
+            payload.model_name,
+            payload.world_size,
+            payload.num_layers,
+            payload.dtype_str,
+        )
+        return RegisterEngineDrivenContextResponse(
+            shm_name=self.shm_name, pool_size=self._pool_size
+        )
+
+    def set_engine_driven_sub_path(self, instance_id: int, sub_path: str) -> bool:
+        worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        if sub_path not in ("shm", "inline"):
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"unknown sub-path {sub_path!r}")
+        if sub_path == "shm" and not self.shm_name:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_TRANSFER_MODE, "this server runs without shared memory"
+            )
+        worker.inline = sub_path == "inline"
+        return True
+
+    def unregister_kv_cache_engine_driven_context(self, instance_id: int) -> None:
+        self._require_mode(
+            MPTransferMode.ENGINE_DRIVEN, "unregister_kv_cache_engine_driven_context"
+        )
+        self._drop_worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+
+    def _slots(self, objs: list[MemoryObj], layout: KVLayout) -> list[dict[str, Any]] | None:
+        if not self.shm_name:
+            return None
+        slots = []
+        for obj in objs:
+            offset = obj.shm_offset
+            if offset is None:
+                return None
+            slots.append(
+                {
+                    "offset": int(offset),
+                    "length": layout.chunk_nbytes(self.chunk_size),
+                    "shape": list(layout.transfer_shape(self.chunk_size)),
+                    "dtype": dtype_name(layout.dtype),
+                }
+            )
+        return slots
+
+    def prepare_store(self, key: IPCCacheServerKey, instance_id: int) -> PrepareStoreResponse:
+        self._require_mode(MPTransferMode.ENGINE_DRIVEN, "prepare_store")
+        worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        spans = self._plan(key, worker)
+        keys = self._keys(key, spans)
+        todo = self._missing(keys)
+        objs = self._allocate(worker.layout, len(todo)) if todo else []
+        if objs is None:
+            raise ProtocolError(
+                ErrorCode.OUT_OF_MEMORY, "L1 has no evictable room for the chunks of this store"
+            )
+        pending = _Pending([keys[i] for i in todo], objs, todo)
+        self._put_pending(self._pending_stores, (instance_id, self._span_id(spans)), pending)
+        context: dict[str, Any] = {"chunk_indices": todo}
+        slots = None if worker.inline else self._slots(objs, worker.layout)
+        if slots is not None:
+            context["slots"] = slots
+        return PrepareStoreResponse(context=context)
+
+    def commit_store(self, key: IPCCacheServerKey, instance_id: int, data: bytes = b"") -> bool:
+        self._require_mode(MPTransferMode.ENGINE_DRIVEN, "commit_store")
+        worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        spans = self._plan(key, worker)
+        pending = self._take_pending(self._pending_stores, (instance_id, self._span_id(spans)))
+        if pending is None:
+            raise ProtocolError(
+                ErrorCode.NOT_FOUND, "commit_store without a matching prepare_store (or it expired)"
+            )
+        try:
+            if data:
+                self._fill_inline(pending, data, worker.layout)
+            elif worker.inline or (
+                pending.objs and self._slots(pending.objs, worker.layout) is None
+            ):
+                raise ProtocolError(
+                    ErrorCode.BAD_PAYLOAD, "commit_store: the inline sub-path needs the chunk data"
+                )
+        except BaseException:
+            pending.release()
+            raise
+        objs, pending.objs = pending.objs, []
+        self._commit(pending.keys, objs, [spans[i] for i in pending.indices])
+        return True
+
+    def _fill_inline(self, pending: _Pending, data: bytes, layout: KVLayout) -> None:
+        if data[:1] == b"\x80":
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD, "pickled commit_store data is refused; use the inline format"
+            )
+        try:
+            chunks = msgspec.msgpack.decode(data, type=InlineChunks)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"bad inline chunk data: {exc}") from None
+        if chunks.chunk_indices != pending.indices or len(chunks.chunks) != len(pending.objs):
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD,
+                f"inline data holds chunks {chunks.chunk_indices}, prepare_store asked for "
+                f"{pending.indices}",
+            )
+        nbytes = layout.chunk_nbytes(self.chunk_size)
+        for raw, obj in zip(chunks.chunks, pending.objs):
+            if len(raw) != nbytes:
+                raise ProtocolError(
+                    ErrorCode.SHAPE_MISMATCH,
+                    f"inline chunk has {len(raw)} bytes, expected {nbytes}",
+                )
+            target = obj.raw_tensor
+            assert target is not None
+            target[:nbytes].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+    def prepare_retrieve(self, key: IPCCacheServerKey, instance_id: int) -> PrepareRetrieveResponse:
+        self._require_mode(MPTransferMode.ENGINE_DRIVEN, "prepare_retrieve")
+        worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        spans = self._plan(key, worker)
+        objs = self._get_all(self._keys(key, spans))
+        if objs is None:
+            return PrepareRetrieveResponse(success=False)
+        pending = _Pending([], objs, list(range(len(spans))))
+        try:
+            for obj in objs:
+                self._check_object(obj, worker.layout)
+            slots = None if worker.inline else self._slots(objs, worker.layout)
+            if slots is None:
+                data = self._inline_data(objs, worker.layout, pending.indices)
+                pending.release()
+                self._count_retrieved(spans)
+                return PrepareRetrieveResponse(success=True, data=data)
+        except BaseException:
+            pending.release()
+            raise
+        self._put_pending(self._pending_retrieves, (instance_id, self._span_id(spans)), pending)
+        self._count_retrieved(spans)
+        context = {"slots": slots, "chunk_indices": pending.indices}
+        return PrepareRetrieveResponse(success=True, context=context)
+
+    def _count_retrieved(self, spans: Sequence[ChunkSpan]) -> None:
+        self._count(retrieved_chunks=len(spans), retrieved_tokens=sum(s.num_tokens for s in spans))
+
+    def _inline_data(self, objs: list[MemoryObj], layout: KVLayout, indices: list[int]) -> bytes:
+        nbytes = layout.chunk_nbytes(self.chunk_size)
+        chunks = []
+        for obj in objs:
+            raw = obj.raw_tensor
+            assert raw is not None
+            chunks.append(raw[:nbytes].numpy().tobytes())
+        return msgspec.msgpack.encode(InlineChunks(chunk_indices=indices, chunks=chunks))
+
+    def commit_retrieve(self, key: IPCCacheServerKey, instance_id: int) -> bool:
+        self._require_mode(MPTransferMode.ENGINE_DRIVEN, "commit_retrieve")
+        worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        spans = self._plan(key, worker)
+        pending = self._take_pending(self._pending_retrieves, (instance_id, self._span_id(spans)))
+        if pending is not None:
+            pending.release()
+        return True
+
+    @staticmethod
+    def _span_id(spans: Sequence[ChunkSpan]) -> tuple[int, ...]:
+        return tuple(s.chunk_hash for s in spans)
+
+    def _put_pending(
+        self,
+        table: dict[tuple[int, tuple[int, ...]], _Pending],
+        ident: tuple[int, tuple[int, ...]],
+        pending: _Pending,
+    ) -> None:
+        with self._pending_lock:
+            old = table.pop(ident, None)
+            table[ident] = pending
+        if old is not None:
+            old.release()
+
+    def _take_pending(
+        self, table: dict[tuple[int, tuple[int, ...]], _Pending], ident: tuple[int, tuple[int, ...]]
+    ) -> _Pending | None:
+        with self._pending_lock:
+            return table.pop(ident, None)
+
+    def _drop_pending(
+        self, predicate: Callable[[int], bool], older_than: float | None = None
+    ) -> int:
+        dropped = []
+        with self._pending_lock:
+            for table in (self._pending_stores, self._pending_retrieves):
+                for ident in list(table):
+                    pending = table[ident]
+                    expired = older_than is None or pending.created < older_than
+                    if predicate(ident[0]) and expired:
+                        dropped.append(table.pop(ident))
+        for pending in dropped:
+            pending.release()
+        return len(dropped)
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def lookup(self, key: IPCCacheServerKey, tp_size: int) -> None:
+        try:
+            spans = prefix_chunks(key, self.chunk_size)
+        except ValueError as exc:
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
+        ranks = max(1, int(tp_size))
+        per_rank = [
+            [self._storage_key(key, rank, s.chunk_hash) for s in spans] for rank in range(ranks)
+        ]
+        hits = len(spans)
+        for keys in per_rank:
+            hits = min(hits, self.storage.batched_contains(keys[:hits]))
+            if hits == 0:
+                break
+        pinned = [k for keys in per_rank for k in keys[:hits] if self.storage.contains(k, pin=True)]
+        hit_tokens = sum(s.num_tokens for s in spans[:hits])
+        self._count(lookup_hit_tokens=hit_tokens)
+        self._remember_lookup(key.request_id, _LookupSession(hit_tokens, pinned))
+
+    def _remember_lookup(self, request_id: str, session: _LookupSession) -> None:
+        evicted = []
+        with self._lookups_lock:
+            old = self._lookups.pop(request_id, None)
+            if old is not None:
+                evicted.append(old)
+            self._lookups[request_id] = session
+            while len(self._lookups) > _MAX_LOOKUP_SESSIONS:
+                evicted.append(self._lookups.popitem(last=False)[1])
+        for stale in evicted:
+            self._unpin(stale)
+
+    def _unpin(self, session: _LookupSession) -> None:
+        pinned, session.pinned = session.pinned, []
+        for k in pinned:
+            self.storage.unpin(k)
+
+    def query_prefetch_status(self, request_id: str) -> int | None:
+        with self._lookups_lock:
+            session = self._lookups.get(request_id)
+        return None if session is None else session.hit_tokens
+
+    def wait_prefetch_status(self, request_id: str, timeout: float) -> int | None:
+        # Lookups finish before their reply, so there is never anything to wait for.
+        return self.query_prefetch_status(request_id)
+
+    def free_lookup_locks(self, key: IPCCacheServerKey, tp_size: int) -> None:
+        with self._lookups_lock:
+            session = self._lookups.get(key.request_id)
+        if session is not None:
+            self._unpin(session)
+
+    def end_session(self, request_id: str) -> None:
+        with self._lookups_lock:
+            session = self._lookups.pop(request_id, None)
+        if session is not None:
+            self._unpin(session)
+
+    # -- management ---------------------------------------------------------------------------
+
+    def clear(self, force: bool = False) -> None:
+        l1 = self.storage.local_cpu_backend
+        for k in l1.get_keys():
+            self.storage.remove(k, force=force)
+
+    def get_chunk_size(self) -> int:
+        return self.chunk_size
+
+    def ping(self, instance_id: int | None = None) -> bool:
+        if instance_id is None:
+            return True
+        with self._workers_lock:
+            worker = self._workers.get(instance_id)
+        if worker is None:
+            return False
+        worker.last_seen = time.monotonic()
+        return True
+
+    def noop(self) -> str:
+        return "noop"
+
+    def get_experimental(self) -> list[str]:
+        return []
+
+    def protocol_handshake(self, client_version: int) -> tuple[int, bool]:
+        if client_version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                ErrorCode.VERSION_MISMATCH,
+                f"client speaks MP protocol version {client_version}, this server speaks "
+                f"{PROTOCOL_VERSION}: upgrade the older side",
+            )
+        return PROTOCOL_VERSION, True
+
+    def get_stats(self) -> ServerStats:
+        l1 = self.storage.local_cpu_backend
+        with self._workers_lock:
+            modes = [w.mode for w in self._workers.values()]
+        with self._pending_lock:
+            pending = len(self._pending_stores) + len(self._pending_retrieves)
+        with self._stats_lock:
+            stats = msgspec.structs.replace(self.stats)
+        stats.l1_chunks = len(l1)
+        stats.l1_used_bytes = int(l1.used_bytes)
+        stats.l1_capacity_bytes = int(l1.capacity_bytes)
+        stats.lmcache_driven_workers = modes.count(MPTransferMode.LMCACHE_DRIVEN)
+        stats.engine_driven_workers = modes.count(MPTransferMode.ENGINE_DRIVEN)
+        stats.pending_prepares = pending
+        return stats
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def reap(self, now: float | None = None) -> None:
+        """Drop expired pending transfers, silent workers and stale lookup sessions."""
+        now = time.monotonic() if now is None else now
+        self._drop_pending(
+            lambda _iid: True, older_than=now - self.settings.pending_transfer_timeout_seconds
+        )
+        timeout = self.settings.worker_reap_timeout_seconds
+        if timeout > 0:
+            with self._workers_lock:
+                stale = [
+                    (i, w.mode) for i, w in self._workers.items() if now - w.last_seen > timeout
+                ]
+            for instance_id, mode in stale:
+                if self._drop_worker(instance_id, mode, unlink=True):
+                    logger.warning(
+                        "reaped worker %d: no contact for %.0fs; its shared memory is released",
+                        instance_id,
+                        timeout,
+                    )
+        ttl = self.settings.session_ttl_seconds
+        expired = []
+        with self._lookups_lock:
+            for request_id in list(self._lookups):
+                if now - self._lookups[request_id].created > ttl:
+                    expired.append(self._lookups.pop(request_id))
+        for session in expired:
+            self._unpin(session)
+
+    def close(self) -> None:
+        with self._workers_lock:
+            workers = list(self._workers.items())
+            self._workers.clear()
+        for instance_id, worker in workers:
+            self._release_worker(instance_id, worker, unlink=False)
+        self._drop_pending(lambda _iid: True)
+        with self._lookups_lock:
+            sessions = list(self._lookups.values())
+            self._lookups.clear()
+        for session in sessions:
+            self._unpin(session)
+        self.storage.close()

@@ -1,0 +1,285 @@
+"""The MP wire protocol: msgspec MessagePack frames over ZeroMQ ROUTER/DEALER.
+
+Request (client DEALER)::
+
+    [msgpack(request_uid: int), msgpack(operation: int | str), *msgpack(payload_i)]
+
+The ROUTER prepends the client identity.  A success reply is ``[uid, op]`` plus one frame
+``msgpack(response)`` unless the response is ``None``.  A failure reply is
+``[uid, msgpack(ERROR_OPERATION), msgpack(ErrorReply)]`` -- every request the server can
+frame gets exactly one reply, and nothing is ever pickled or unpickled.
+
+Operations are named by their frozen upstream legacy integer id or by their snake_case
+name; ops without a legacy id travel as strings.  ``DeviceIPCWrapper`` objects travel as
+msgpack Ext code 1 (see :mod:`lmcache.v1.platform.base.ipc_wrapper`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import torch
+
+from lmcache.v1.multiprocess.custom_types import (
+    IPCCacheServerKey,
+    PrepareRetrieveResponse,
+    PrepareStoreResponse,
+    RegisterEngineDrivenContextPayload,
+    RegisterEngineDrivenContextResponse,
+    ServerStats,
+)
+from lmcache.v1.platform.base.ipc_wire import DEVICE_IPC_WRAPPER_EXT_CODE
+from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+
+PROTOCOL_VERSION = 1
+ERROR_OPERATION = "__error__"
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024**2
+
+# Frozen upstream ``RequestType`` values; 11 (query_prefetch_lookup_hits) is retired.
+LEGACY_OPERATION_IDS: dict[str, int] = {
+    "register_kv_cache": 1,
+    "unregister_kv_cache": 2,
+    "register_q_cache": 3,
+    "unregister_q_cache": 4,
+    "store_q": 5,
+    "store": 6,
+    "retrieve": 7,
+    "lookup": 8,
+    "query_prefetch_status": 9,
+    "wait_prefetch_status": 10,
+    "free_lookup_locks": 12,
+    "end_session": 13,
+    "register_kv_cache_engine_driven_context": 14,
+    "unregister_kv_cache_engine_driven_context": 15,
+    "prepare_store": 16,
+    "commit_store": 17,
+    "prepare_retrieve": 18,
+    "commit_retrieve": 19,
+    "clear": 20,
+    "get_chunk_size": 21,
+    "ping": 22,
+    "report_block_allocation": 23,
+    "noop": 24,
+    "cb_register_rope": 25,
+    "cb_unregister_rope": 26,
+    "cb_retrieve_pre_computed": 27,
+    "cb_unified_lookup": 28,
+    "p2p_lookup_and_lock": 29,
+    "p2p_query_lookup_results": 30,
+    "p2p_unlock_objects": 31,
+    "get_experimental": 32,
+    "cb_protocol_handshake": 33,
+}
+_OPERATIONS_BY_ID = {v: k for k, v in LEGACY_OPERATION_IDS.items()}
+
+
+class ErrorCode(str, enum.Enum):
+    MALFORMED_FRAME = "malformed_frame"
+    UNKNOWN_OPERATION = "unknown_operation"
+    VERSION_MISMATCH = "version_mismatch"
+    BAD_PAYLOAD = "bad_payload"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    UNKNOWN_WORKER = "unknown_worker"
+    UNSUPPORTED_TRANSFER_MODE = "unsupported_transfer_mode"
+    SHAPE_MISMATCH = "shape_mismatch"
+    NOT_FOUND = "not_found"
+    OUT_OF_MEMORY = "out_of_memory"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL = "internal"
+
+
+class ErrorReply(msgspec.Struct, forbid_unknown_fields=True):
+    """The payload of every failure reply."""
+
+    code: str
+    message: str
+    operation: str = ""
+
+
+class ProtocolError(Exception):
+    """A request the server answers with an :class:`ErrorReply` (raised inside handlers)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class RpcSpec:
+    """One operation: payload types in order, how many are required, the response type."""
+
+    operation: str
+    payload_types: tuple[Any, ...]
+    response_type: Any
+    required: int | None = None
+
+    @property
+    def min_payloads(self) -> int:
+        return len(self.payload_types) if self.required is None else self.required
+
+
+_KEY = IPCCacheServerKey
+_BLOCK_IDS = list[list[int]]
+
+RPC_SPECS: dict[str, RpcSpec] = {
+    spec.operation: spec
+    for spec in (
+        RpcSpec(
+            "register_kv_cache",
+            (int, list[DeviceIPCWrapper], str, int, Any, Any, Any),
+            None,
+            required=4,
+        ),
+        RpcSpec("unregister_kv_cache", (int,), None),
+        RpcSpec("store", (_KEY, int, _BLOCK_IDS, bytes), tuple[bytes, bool]),
+        RpcSpec("retrieve", (_KEY, int, _BLOCK_IDS, bytes, int), tuple[bytes, bool], required=4),
+        RpcSpec("lookup", (_KEY, int), None),
+        RpcSpec("query_prefetch_status", (str,), int | None),
+        RpcSpec("wait_prefetch_status", (str, float), int | None),
+        RpcSpec("free_lookup_locks", (_KEY, int), None),
+        RpcSpec("end_session", (str,), None),
+        RpcSpec(
+            "register_kv_cache_engine_driven_context",
+            (RegisterEngineDrivenContextPayload,),
+            RegisterEngineDrivenContextResponse,
+        ),
+        RpcSpec("unregister_kv_cache_engine_driven_context", (int,), None),
+        RpcSpec("prepare_store", (_KEY, int), PrepareStoreResponse),
+        RpcSpec("commit_store", (_KEY, int, bytes), bool, required=2),
+        RpcSpec("prepare_retrieve", (_KEY, int), PrepareRetrieveResponse),
+        RpcSpec("commit_retrieve", (_KEY, int), bool),
+        RpcSpec("clear", (bool,), None, required=0),
+        RpcSpec("get_chunk_size", (), int),
+        RpcSpec("ping", (int | None,), bool, required=0),
+        RpcSpec("noop", (), str),
+        RpcSpec("get_experimental", (), list[str]),
+        # Additions (string ops on the wire): version handshake and counters.
+        RpcSpec("protocol_handshake", (int,), tuple[int, bool]),
+        RpcSpec("set_engine_driven_sub_path", (int, str), bool),
+        RpcSpec("get_stats", (), ServerStats),
+    )
+}
+
+
+# -- msgspec hooks ---------------------------------------------------------------------------
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, DeviceIPCWrapper):
+        return msgspec.msgpack.Ext(DEVICE_IPC_WRAPPER_EXT_CODE, DeviceIPCWrapper.Serialize(obj))
+    if isinstance(obj, torch.dtype):
+        return str(obj).removeprefix("torch.")
+    if isinstance(obj, torch.Size):
+        return list(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    raise NotImplementedError(f"cannot put {type(obj).__qualname__} on the MP wire")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code != DEVICE_IPC_WRAPPER_EXT_CODE:
+        raise ValueError(f"unknown msgpack extension code {code}")
+    return DeviceIPCWrapper.Deserialize(bytes(data))
+
+
+def _dec_hook(expected: type, obj: Any) -> Any:
+    if expected is DeviceIPCWrapper and isinstance(obj, DeviceIPCWrapper):
+        return obj
+    if expected is torch.dtype and isinstance(obj, str):
+        dtype = getattr(torch, obj, None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    raise NotImplementedError(f"cannot decode {type(obj).__name__} as {expected!r}")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def encode(obj: Any) -> bytes:
+    return _ENCODER.encode(obj)
+
+
+def _decoder(expected: Any) -> msgspec.msgpack.Decoder[Any]:
+    decoder = _DECODERS.get(expected)
+    if decoder is None:
+        decoder = msgspec.msgpack.Decoder(expected, ext_hook=_ext_hook, dec_hook=_dec_hook)
+        _DECODERS[expected] = decoder
+    return decoder
+
+
+def decode(data: bytes | memoryview, expected: Any = Any) -> Any:
+    return _decoder(expected).decode(data)
+
+
+# -- operations ------------------------------------------------------------------------------
+
+
+def encode_operation(operation: str) -> bytes:
+    legacy = LEGACY_OPERATION_IDS.get(operation)
+    return encode(legacy if legacy is not None else operation)
+
+
+def decode_operation(frame: bytes | memoryview) -> str:
+    """The snake_case name of the operation frame; raises ``ProtocolError``."""
+    try:
+        raw = decode(frame, int | str)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(
+            ErrorCode.MALFORMED_FRAME, f"operation frame is not a msgpack int or str ({exc})"
+        ) from None
+    name = _OPERATIONS_BY_ID.get(raw) if isinstance(raw, int) else raw
+    if name is None or name not in RPC_SPECS:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_OPERATION,
+            f"unknown or unsupported operation {raw!r}; supported: {sorted(RPC_SPECS)}",
+        )
+    return name
+
+
+def decode_payloads(spec: RpcSpec, frames: Sequence[bytes | memoryview]) -> list[Any]:
+    """Typed payloads of ``spec``; count or type errors raise ``ProtocolError``."""
+    if not spec.min_payloads <= len(frames) <= len(spec.payload_types):
+        raise ProtocolError(
+            ErrorCode.VERSION_MISMATCH,
+            f"{spec.operation} takes {spec.min_payloads}..{len(spec.payload_types)} payload "
+            f"frames, got {len(frames)}: probably a version mismatch between the lmcache "
+            f"client and lmcache server",
+        )
+    payloads = []
+    for index, (frame, expected) in enumerate(zip(frames, spec.payload_types)):
+        try:
+            payloads.append(decode(frame, expected))
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD,
+                f"{spec.operation}: payload {index} is not a valid {_type_name(expected)}: {exc}",
+            ) from None
+    return payloads
+
+
+def _type_name(expected: Any) -> str:
+    return getattr(expected, "__name__", None) or str(expected)
+
+
+def encode_request(uid: int, operation: str, payloads: Sequence[Any]) -> list[bytes]:
+    spec = RPC_SPECS.get(operation)
+    if spec is not None and not spec.min_payloads <= len(payloads) <= len(spec.payload_types):
+        raise ValueError(f"{operation} takes {len(spec.payload_types)} payloads")
+    return [encode(uid), encode_operation(operation), *(encode(p) for p in payloads)]
+
+
+def encode_success(uid_frame: bytes, op_frame: bytes, response: Any) -> list[bytes]:
+    if response is None:
+        return [uid_frame, op_frame]
+    return [uid_frame, op_frame, encode(response)]
+
+
+def encode_error(uid_frame: bytes, code: ErrorCode, message: str, operation: str) -> list[bytes]:
+    reply = ErrorReply(code=code.value, message=message, operation=operation)
+    return [uid_frame, encode(ERROR_OPERATION), encode(reply)]

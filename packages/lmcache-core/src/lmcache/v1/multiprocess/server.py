@@ -1,0 +1,376 @@
+"""The MP cache server's transport: a ZMQ ROUTER loop dispatching to handler pools.
+
+* The main thread owns the ROUTER socket: it frames and validates requests, answers
+  cheap operations inline and hands the rest to thread pools.  Store/retrieve-family
+  operations (and registration) go to an *affinity* pool keyed by the client identity, so
+  one client's requests run in order; lookups and management go to a plain pool.
+* Handler threads send replies back through an inproc PUSH/PULL pair; only the main
+  thread touches the ROUTER.  Replies are sent non-blocking: a client that never reads
+  fills its queue and then loses replies (counted), never stalls the server.
+* ``request_stop`` (SIGINT/SIGTERM): new requests get ``shutting_down`` errors, in-flight
+  ones finish and are answered, then storage is flushed and shared memory removed.
+
+``python -m lmcache.v1.multiprocess.server`` runs it without the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import zmq
+
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.multiprocess import protocol
+from lmcache.v1.multiprocess.config import MPServerConfig
+from lmcache.v1.multiprocess.mp_cache_server import CacheServerSettings, MPCacheServer
+from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
+from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+logger = logging.getLogger(__name__)
+
+AFFINITY_OPERATIONS = frozenset(
+    {
+        "register_kv_cache",
+        "unregister_kv_cache",
+        "store",
+        "retrieve",
+        "register_kv_cache_engine_driven_context",
+        "unregister_kv_cache_engine_driven_context",
+        "set_engine_driven_sub_path",
+        "prepare_store",
+        "commit_store",
+        "prepare_retrieve",
+        "commit_retrieve",
+    }
+)
+BLOCKING_OPERATIONS = frozenset(
+    {
+        "lookup",
+        "query_prefetch_status",
+        "wait_prefetch_status",
+        "free_lookup_locks",
+        "end_session",
+        "ping",
+        "clear",
+        "get_stats",
+    }
+)
+_POLL_MS = 100
+_REAP_INTERVAL_S = 1.0
+_SEND_HWM = 1000
+
+
+class AffinityThreadPool:
+    """Single-thread executors; a key always lands on the same one (ordering per key)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{i}")
+            for i in range(max(1, size))
+        ]
+
+    def submit(self, key: bytes, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        executor = self._executors[hash(key) % len(self._executors)]
+        return executor.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True) -> None:
+        for executor in self._executors:
+            executor.shutdown(wait=wait)
+
+
+def build_cache_server(config: MPServerConfig) -> MPCacheServer:
+    """Storage (L1 with optional SHM, optional disk L2) and the server state around it."""
+    from lmcache.v1.platform import resolve_device_ops
+    from lmcache.v1.platform.cache_context import create_cache_context
+    from lmcache.v1.platform.cpu.event_ipc import HostEventIPCBackend
+    from lmcache.v1.platform.cpu.shm import unlink_segment
+
+    engine_config = LMCacheEngineConfig(
+        chunk_size=config.chunk_size,
+        max_local_cpu_size=config.resolved_l1_size_gb(),
+        cache_policy=config.eviction_policy,
+        local_disk=config.l2_disk_path if config.l2_disk_size_gb > 0 else None,
+        max_local_disk_size=config.l2_disk_size_gb if config.l2_disk_path else 0.0,
+        save_unfull_chunk=True,
+        blocking_timeout_secs=config.blocking_timeout_secs,
+    )
+    storage = StorageManager(engine_config, shm_name=config.resolved_shm_name())
+    settings = CacheServerSettings(
+        chunk_size=config.chunk_size,
+        supported_transfer_mode=config.supported_transfer_mode,
+        worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
+        pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
+        session_ttl_seconds=config.session_ttl_seconds,
+    )
+    return MPCacheServer(
+        settings,
+        storage,
+        resolve_device_ops("cpu"),
+        create_cache_context,
+        event_backend=HostEventIPCBackend(),
+        unlink_segment=unlink_segment,
+    )
+
+
+class MPServer:
+    """Serves one :class:`MPCacheServer` on ``tcp://host:port``."""
+
+    def __init__(self, config: MPServerConfig, engine: MPCacheServer) -> None:
+        self.config = config
+        self.engine = engine
+        self.endpoint = f"tcp://{config.host}:{config.port}"
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        # The transport drops (and disconnects) anything far beyond the limit; between the
+        # limit and this cap the request is answered with message_too_large.
+        self._router.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_message_bytes)
+        self._router.bind(self.endpoint)
+        self._reply_endpoint = f"inproc://lmcache-replies-{id(self)}"
+        self._replies = self._ctx.socket(zmq.PULL)
+        self._replies.bind(self._reply_endpoint)
+        self._local = threading.local()
+        self._push_sockets: list[zmq.Socket[Any]] = []
+        self._push_lock = threading.Lock()
+        transfer_threads, other_threads = config.pool_workers()
+        self._affinity = AffinityThreadPool(transfer_threads, "lmc-transfer")
+        self._pool = ThreadPoolExecutor(other_threads, thread_name_prefix="lmc-handler")
+        self._stop = threading.Event()
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._replies, zmq.POLLIN)
+        next_reap = time.monotonic() + _REAP_INTERVAL_S
+        logger.info("LMCache MP server listening on %s", self.endpoint)
+        while not self._stop.is_set():
+            ready = dict(poller.poll(_POLL_MS))
+            if self._replies in ready:
+                self._pump_replies()
+            if self._router in ready:
+                self._pump_requests()
+            if time.monotonic() >= next_reap:
+                next_reap = time.monotonic() + _REAP_INTERVAL_S
+                self._reap()
+        self._drain(poller)
+
+    def _reap(self) -> None:
+        try:
+            self.engine.reap()
+        except Exception:
+            logger.exception("housekeeping failed")
+
+    def _drain(self, poller: zmq.Poller) -> None:
+        """Answer new requests with shutting_down until in-flight handlers are answered."""
+        logger.info("shutting down: draining %d in-flight requests", self._in_flight)
+        while True:
+            with self._in_flight_lock:
+                idle = self._in_flight == 0
+            if idle and not self._replies.poll(0):
+                break
+            ready = dict(poller.poll(_POLL_MS))
+            if self._replies in ready:
+                self._pump_replies()
+            if self._router in ready:
+                self._pump_requests()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._affinity.shutdown(wait=True)
+        self._pool.shutdown(wait=True)
+        try:
+            self.engine.close()
+        finally:
+            with self._push_lock:
+                for sock in self._push_sockets:
+                    sock.close(linger=0)
+            self._replies.close(linger=0)
+            self._router.close(linger=0)
+            self._ctx.term()
+        logger.info("LMCache MP server stopped")
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _pump_requests(self) -> None:
+        for _ in range(256):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frames)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        uid_frame = frames[1] if len(frames) > 1 else protocol.encode(-1)
+        operation = ""
+        try:
+            if len(frames) < 3:
+                raise ProtocolError(
+                    ErrorCode.MALFORMED_FRAME,
+                    "a request is [request_uid, operation, *payloads]; got "
+                    f"{len(frames) - 1} frame(s)",
+                )
+            size = sum(len(f) for f in frames[1:])
+            if size > self.config.max_message_bytes:
+                raise ProtocolError(
+                    ErrorCode.MESSAGE_TOO_LARGE,
+                    f"request of {size} bytes exceeds the server limit of "
+                    f"{self.config.max_message_bytes} bytes (--max-message-mb)",
+                )
+            try:
+                protocol.decode(uid_frame, int)
+            except Exception:
+                raise ProtocolError(
+                    ErrorCode.MALFORMED_FRAME, "request_uid frame is not a msgpack integer"
+                ) from None
+            operation = protocol.decode_operation(frames[2])
+            if self._stop.is_set():
+                raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            spec = protocol.RPC_SPECS[operation]
+            payloads = protocol.decode_payloads(spec, frames[3:])
+        except ProtocolError as exc:
+            self._count_error()
+            self._send(
+                [identity, *protocol.encode_error(uid_frame, exc.code, exc.message, operation)]
+            )
+            return
+        handler = getattr(self.engine, operation)
+        head = (identity, uid_frame, frames[2], operation)
+        if operation in AFFINITY_OPERATIONS:
+            self._begin()
+            self._affinity.submit(identity, self._run_and_push, head, handler, payloads)
+        elif operation in BLOCKING_OPERATIONS:
+            self._begin()
+            self._pool.submit(self._run_and_push, head, handler, payloads)
+        else:
+            self._send(self._run(head, handler, payloads))
+
+    def _begin(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight += 1
+
+    def _count_error(self) -> None:
+        self.engine._count(errors=1)
+
+    def _run(
+        self,
+        head: tuple[bytes, bytes, bytes, str],
+        handler: Callable[..., Any],
+        payloads: list[Any],
+    ) -> list[bytes]:
+        identity, uid_frame, op_frame, operation = head
+        try:
+            response = handler(*payloads)
+            return [identity, *protocol.encode_success(uid_frame, op_frame, response)]
+        except ProtocolError as exc:
+            code, message = exc.code, exc.message
+        except Exception as exc:
+            logger.exception("%s failed", operation)
+            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        self._count_error()
+        return [identity, *protocol.encode_error(uid_frame, code, message, operation)]
+
+    def _run_and_push(
+        self,
+        head: tuple[bytes, bytes, bytes, str],
+        handler: Callable[..., Any],
+        payloads: list[Any],
+    ) -> None:
+        try:
+            reply = self._run(head, handler, payloads)
+            self._push_socket().send_multipart(reply)
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+
+    def _push_socket(self) -> zmq.Socket[Any]:
+        sock = getattr(self._local, "push", None)
+        if sock is None:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self._reply_endpoint)
+            self._local.push = sock
+            with self._push_lock:
+                self._push_sockets.append(sock)
+        return sock
+
+    # -- replies ------------------------------------------------------------------------------
+
+    def _pump_replies(self) -> None:
+        for _ in range(1024):
+            try:
+                frames = self._replies.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._send(frames)
+
+    def _send(self, frames: list[bytes]) -> None:
+        try:
+            self._router.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self.engine._count(dropped_replies=1)
+            logger.debug("client send queue full (not reading replies); reply dropped")
+        except zmq.ZMQError as exc:
+            self.engine._count(dropped_replies=1)
+            logger.debug("reply to a departed client dropped: %s", exc)
+
+
+def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None = None) -> int:
+    """Build, serve until SIGINT/SIGTERM, shut down cleanly; returns an exit status."""
+    engine = build_cache_server(config)
+    try:
+        server = MPServer(config, engine)
+    except zmq.ZMQError as exc:
+        engine.close()
+        logger.error("cannot listen on tcp://%s:%d: %s", config.host, config.port, exc)
+        return 1
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        logger.info("received %s; stopping", signal.Signals(signum).name)
+        server.request_stop()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if ready is not None:
+            ready(server)
+        server.serve_forever()
+    finally:
+        server.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lmcache.logging import init_logger
+    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args
+
+    parser = argparse.ArgumentParser(prog="python -m lmcache.v1.multiprocess.server")
+    add_mp_server_args(parser)
+    parser.add_argument("--log-level", default=None)
+    args = parser.parse_args(argv)
+    init_logger(args.log_level)
+    return run_server(config_from_args(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

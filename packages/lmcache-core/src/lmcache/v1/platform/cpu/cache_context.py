@@ -1,0 +1,90 @@
+"""``CPUCacheContext``: the server's view of a worker KV cache that lives in POSIX SHM.
+
+The worker's per-layer KV tensors are mapped into the server (zero-copy) through their
+``CpuShmTensorWrapper``s; ``store`` gathers blocks straight out of those pages and
+``retrieve`` scatters straight into them.  Host copies are synchronous, so there is no
+stream: ``stream`` is ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from lmcache.v1.multiprocess.kv_layout import KVLayout
+from lmcache.v1.platform.base.cache_context import BaseCacheContext
+from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
+
+
+class CPUCacheContext(BaseCacheContext):
+    device_type: ClassVar[str] = "cpu"
+
+    def __init__(
+        self,
+        kv_caches: Sequence[Any],
+        lmcache_tokens_per_chunk: int = 256,
+        layout_hints: Any = None,
+        engine_group_infos: Sequence[Any] = (),
+        engine_type: Any = None,
+        separate_object_groups: bool = False,
+        full_sw_kv: bool = False,
+    ) -> None:
+        self._wrappers = [w for w in kv_caches if not isinstance(w, torch.Tensor)]
+        try:
+            tensors = [w if isinstance(w, torch.Tensor) else w.to_tensor() for w in kv_caches]
+            for tensor in tensors:
+                if tensor.device.type != "cpu":
+                    raise ValueError(f"CPUCacheContext got a tensor on {tensor.device}")
+            self.layout = KVLayout.from_tensors(tensors)
+            self.layout.check_chunk_size(lmcache_tokens_per_chunk)
+        except BaseException:
+            self._close_wrappers()
+            raise
+        super().__init__(kv_caches=tensors, device=torch.device("cpu"), num_layers=len(tensors))
+        self.lmcache_tokens_per_chunk = lmcache_tokens_per_chunk
+        self._shape_desc = self.layout.shape_desc()
+
+    @property
+    def stream(self) -> None:
+        return None
+
+    @property
+    def num_blocks(self) -> int:
+        return self.layout.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    def get_shape_desc(self, group_idx: int = 0) -> PageBufferShapeDesc:
+        return self._shape_desc
+
+    def get_engine_kv_format(self, kg_idx: int = 0) -> EngineKVFormat:
+        return self.layout.engine_kv_format
+
+    def cache_size_per_token(self) -> int:
+        return self.layout.bytes_per_token()
+
+    @property
+    def shm_names(self) -> list[str]:
+        return [str(getattr(w, "shm_name", "")) for w in self._wrappers if hasattr(w, "shm_name")]
+
+    def _close_wrappers(self) -> None:
+        for wrapper in self._wrappers:
+            wrapper.close()
+
+    def close(self) -> None:
+        self._kv_caches = []
+        self._close_wrappers()
+
+    def report_status(self) -> dict[str, Any]:
+        status = super().report_status()
+        status.update(
+            block_size=self.layout.block_size,
+            num_blocks=self.layout.num_blocks,
+            engine_kv_format=self.layout.engine_kv_format.name,
+            shm_segments=len(set(self.shm_names)),
+        )
+        return status

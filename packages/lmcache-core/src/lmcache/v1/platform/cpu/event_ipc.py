@@ -1,0 +1,85 @@
+"""``HostEventIPCBackend``: event IPC for KV caches in host memory.
+
+Host copies (the torch baseline and native CPU ops) are synchronous: by the time a worker
+sends ``store`` its KV writes are already in memory, and by the time the server replies
+to ``retrieve`` its writes to the worker's shared pages are done.  So an event here is a
+*completed marker*: exporting yields an 8-byte sequence handle, importing yields an event
+that is already complete, waits and synchronizations return at once, and ``query_event``
+never blocks.  The wire format stays the same as for device events (opaque handle bytes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+_HANDLE_BYTES = 8
+
+
+class HostEvent:
+    """An event on the host timeline: complete once recorded (host work is synchronous)."""
+
+    __slots__ = ("sequence",)
+
+    def __init__(self, sequence: int = 0) -> None:
+        self.sequence = sequence
+
+    def record(self, stream: Any = None) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+def _device_type(device: Any) -> str:
+    if device is None:
+        return "cpu"
+    if isinstance(device, int):
+        return "cpu"
+    return str(getattr(device, "type", device)).split(":", 1)[0]
+
+
+class HostEventIPCBackend:
+    device_type = "cpu"
+
+    def __init__(self) -> None:
+        self._sequence = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def check_event_support(self, device: Any) -> None:
+        if _device_type(device) != "cpu":
+            raise RuntimeError(
+                f"HostEventIPCBackend orders host memory only; device {device!r} is not cpu"
+            )
+
+    def create_event(self, device: Any) -> HostEvent:
+        with self._lock:
+            return HostEvent(next(self._sequence))
+
+    def export_event(self, event: Any, device: Any) -> bytes:
+        sequence = getattr(event, "sequence", 0)
+        return int(sequence).to_bytes(_HANDLE_BYTES, "little", signed=False)
+
+    def import_event(self, handle: bytes, device: Any) -> HostEvent:
+        if len(handle) not in (0, _HANDLE_BYTES):
+            raise ValueError(f"host event handles are {_HANDLE_BYTES} bytes, got {len(handle)}")
+        return HostEvent(int.from_bytes(handle, "little") if handle else 0)
+
+    def record_event(self, event: Any, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any, stream: Any) -> None:
+        return None
+
+    def query_event(self, event: Any) -> bool:
+        return True
+
+    def synchronize_event(self, event: Any, device: Any) -> None:
+        return None

@@ -1,0 +1,238 @@
+"""``CpuShmTensorWrapper``: a host KV-cache tensor shared with the cache server via POSIX SHM.
+
+LMCache-driven mode on CPU: the worker's KV cache lives in a POSIX shared-memory segment
+(``/dev/shm/lmcache_kv_*``); the wrapper names the segment and the tensor's place in it,
+and the server maps the same pages (zero-copy: both processes see one copy of the bytes).
+
+Which segment a tensor lives in is read from ``/proc/self/maps`` rather than from a
+process-global table, so any tensor whose storage maps such a segment can be wrapped,
+however it was created.  Linux only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any, ClassVar
+
+import torch
+
+from lmcache.v1.platform.base.ipc_wire import CpuShmIPCData
+from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper, register_ipc_wrapper
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+_DELETED_SUFFIX = " (deleted)"
+
+
+def _segment_path(shm_name: str) -> str:
+    name = shm_name.lstrip("/")
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"invalid shared-memory segment name {shm_name!r}")
+    return os.path.join(SHM_DIR, name)
+
+
+def _find_mapping(ptr: int) -> tuple[str, int, int] | None:
+    """(segment name, byte offset of ``ptr`` in the segment, segment size) or None."""
+    prefix = CpuShmTensorWrapper.SHM_NAME_PREFIX.lstrip("/")
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6:
+                    continue
+                start_s, end_s = fields[0].split("-")
+                start, end = int(start_s, 16), int(end_s, 16)
+                if not start <= ptr < end:
+                    continue
+                path = fields[5].strip()
+                if path.endswith(_DELETED_SUFFIX):
+                    return None
+                directory, name = os.path.split(path)
+                if directory != SHM_DIR or not name.startswith(prefix):
+                    return None
+                offset = ptr - start + int(fields[2], 16)
+                return "/" + name, offset, os.stat(path).st_size
+    except OSError:
+        return None
+    return None
+
+
+def _not_shared_error(tensor: torch.Tensor) -> ValueError:
+    return ValueError(
+        f"KV-cache tensor (shape {tuple(tensor.shape)}, device {tensor.device}) is not in "
+        "POSIX shared memory, so the cache server cannot map it for the lmcache_driven "
+        "transfer mode. Allocate the KV cache with "
+        "lmcache.v1.platform.cpu.shm.empty_shm_tensor(shape, dtype), or move it with "
+        "lmcache.v1.platform.cpu.shm.migrate_to_shm_and_wrap(tensor) before registering, "
+        "or use the engine_driven transfer mode (LMCACHE_MP_TRANSFER_MODE=engine_driven)."
+    )
+
+
+def new_segment_name() -> str:
+    return f"{CpuShmTensorWrapper.SHM_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:16]}"
+
+
+def create_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch.Tensor]:
+    """A new zero-filled segment mapped as a flat uint8 tensor (MAP_SHARED)."""
+    name = shm_name or new_segment_name()
+    path = _segment_path(name)
+    size = max(1, int(nbytes))
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    return name, torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+
+
+def map_segment(shm_name: str, nbytes: int) -> torch.Tensor:
+    """Map an existing segment; its size must be at least ``nbytes``."""
+    path = _segment_path(shm_name)
+    actual = os.stat(path).st_size
+    if actual < nbytes:
+        raise ValueError(f"shared-memory segment {shm_name!r} holds {actual} bytes < {nbytes}")
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+def unlink_segment(shm_name: str) -> bool:
+    """Remove the segment's name; pages live on until every mapping is gone."""
+    try:
+        os.unlink(_segment_path(shm_name))
+        return True
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def empty_shm_tensor(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled contiguous CPU tensor whose storage is a fresh ``lmcache_kv_`` segment."""
+    numel = 1
+    for dim in shape:
+        numel *= int(dim)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    _name, raw = create_segment(numel * itemsize)
+    return raw[: numel * itemsize].view(dtype).view(tuple(shape))
+
+
+def shm_segment_of(tensor: torch.Tensor) -> str | None:
+    """The ``lmcache_kv_`` segment ``tensor`` lives in, or None."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return None
+    found = _find_mapping(tensor.data_ptr())
+    return found[0] if found else None
+
+
+@register_ipc_wrapper("cpu_shm")
+class CpuShmTensorWrapper(DeviceIPCWrapper):
+    """A CPU tensor in an ``lmcache_kv_`` POSIX shared-memory segment."""
+
+    device_type: ClassVar[str] = "cpu"
+    SHM_NAME_PREFIX: ClassVar[str] = "/lmcache_kv_"
+
+    def __init__(
+        self, tensor: torch.Tensor, shm_name: str, segment_nbytes: int | None = None
+    ) -> None:
+        element = tensor.element_size()
+        found = _find_mapping(tensor.data_ptr()) if tensor.numel() else None
+        byte_offset = found[1] if found else 0
+        if byte_offset % element:
+            raise ValueError("tensor is not element-aligned inside its shared-memory segment")
+        nbytes = segment_nbytes if segment_nbytes is not None else (found[2] if found else 0)
+        super().__init__(
+            handle=shm_name,
+            dtype=tensor.dtype,
+            shape=tuple(tensor.shape),
+            stride=tuple(tensor.stride()),
+            storage_offset=byte_offset // element,
+            device_uuid="cpu",
+        )
+        self.shm_name = shm_name
+        self.segment_nbytes = int(nbytes)
+        self._mapped: torch.Tensor | None = None
+
+    @classmethod
+    def wrap(cls, tensor: torch.Tensor) -> CpuShmTensorWrapper:
+        if tensor.device.type != "cpu":
+            raise ValueError(f"CpuShmTensorWrapper wraps CPU tensors, got {tensor.device}")
+        found = _find_mapping(tensor.data_ptr()) if tensor.numel() else None
+        if found is None:
+            raise _not_shared_error(tensor)
+        return cls(tensor, found[0], found[2])
+
+    def to_tensor(self) -> torch.Tensor:
+        """Map the segment (once) and view the tensor in it; shares pages with the worker."""
+        if self._mapped is None:
+            raw = map_segment(self.shm_name, self.segment_nbytes)
+            element = torch.empty((), dtype=self.dtype).element_size()
+            if self.segment_nbytes % element:
+                raw = raw[: self.segment_nbytes - self.segment_nbytes % element]
+            typed = raw.view(self.dtype)
+            span = (
+                self.storage_offset
+                + 1
+                + sum((s - 1) * st for s, st in zip(self.shape, self.stride))
+            )
+            if any(s == 0 for s in self.shape):
+                span = self.storage_offset
+            if span > typed.numel() or self.storage_offset < 0:
+                raise ValueError(
+                    f"tensor metadata reaches past the end of segment {self.shm_name!r}"
+                )
+            self._mapped = typed.as_strided(self.shape, self.stride, self.storage_offset)
+        return self._mapped
+
+    def close(self) -> None:
+        self._mapped = None
+
+    def to_wire(self) -> CpuShmIPCData:
+        return CpuShmIPCData(
+            metadata=self.wire_metadata(), shm_name=self.shm_name, nbytes=self.segment_nbytes
+        )
+
+    @classmethod
+    def from_wire(cls, data: Any) -> CpuShmTensorWrapper:
+        if not isinstance(data, CpuShmIPCData):
+            raise ValueError(f"expected CpuShmIPCData, got {type(data).__name__}")
+        if not data.shm_name.lstrip("/").startswith(cls.SHM_NAME_PREFIX.lstrip("/")):
+            raise ValueError(
+                f"segment {data.shm_name!r} is not an lmcache KV segment "
+                f"(name must start with {cls.SHM_NAME_PREFIX!r})"
+            )
+        _segment_path(data.shm_name)
+        wrapper = cls.__new__(cls)
+        DeviceIPCWrapper.__init__(
+            wrapper, data.shm_name, torch.uint8, (), (), 0, data.metadata.device_uuid
+        )
+        wrapper.restore_metadata(data.metadata)
+        if len(wrapper.shape) != len(wrapper.stride):
+            raise ValueError("tensor metadata has mismatched shape and stride lengths")
+        wrapper.shm_name = data.shm_name
+        wrapper.segment_nbytes = int(data.nbytes)
+        wrapper._mapped = None
+        return wrapper
+
+
+def migrate_to_shm_and_wrap(tensor: torch.Tensor) -> CpuShmTensorWrapper:
+    """Re-point ``tensor``'s storage at a new SHM segment (in place), then wrap it.
+
+    Everyone holding ``tensor`` sees the move; views taken *before* the call keep the old
+    memory, so migrate KV caches before the engine slices them.
+    """
+    if tensor.device.type != "cpu":
+        raise ValueError(f"only CPU tensors can move to shared memory, got {tensor.device}")
+    if shm_segment_of(tensor) is not None:
+        return CpuShmTensorWrapper.wrap(tensor)
+    contiguous = tensor.detach().contiguous()
+    nbytes = contiguous.numel() * contiguous.element_size()
+    _name, raw = create_segment(nbytes)
+    moved = raw[:nbytes].view(tensor.dtype).view(tensor.shape)
+    moved.copy_(contiguous)
+    with torch.no_grad():
+        tensor.set_(moved.untyped_storage(), 0, tuple(tensor.shape), tuple(moved.stride()))
+    logger.debug("moved a %s KV tensor into shared memory (%d bytes)", tuple(tensor.shape), nbytes)
+    return CpuShmTensorWrapper.wrap(tensor)
