@@ -20,6 +20,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
