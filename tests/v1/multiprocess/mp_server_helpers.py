@@ -1,0 +1,101 @@
+"""Helpers of the MP server suite: server subprocesses on free ports, KV caches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lmcache.v1.multiprocess.client import MPClient, ServerUnavailableError
+
+SMALL_LAYOUT = {"num_layers": 3, "num_blocks": 48, "block_size": 4, "num_heads": 2, "head_size": 8}
+CHUNK_SIZE = 16
+BASE_ARGS = ["--chunk-size", str(CHUNK_SIZE), "--l1-size-gb", "0.0625", "--max-workers", "2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
+        env["LMCACHE_LOG_LEVEL"] = "WARNING"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lmcache.cli.main", "server", "--port", str(self.port), *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                MPClient(self.url, timeout=2, connect_timeout=0.5).close()
+                return
+            except ServerUnavailableError:
+                time.sleep(0.1)
+        raise RuntimeError(f"server did not come up:\n{self.log()}")
+
+    def client(self, timeout: float = 10.0) -> MPClient:
+        return MPClient(self.url, timeout=timeout)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return int(self.proc.returncode)
+
+
+def make_kv(
+    shm: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int | None = 0,
+    **overrides: int,
+) -> list[torch.Tensor]:
+    """Per-layer paged KV caches ``[2, NB, BS, NH, HS]`` filled with random values."""
+    from lmcache.v1.platform.cpu.shm import empty_shm_tensor
+
+    geo = {**SMALL_LAYOUT, **overrides}
+    shape = (2, geo["num_blocks"], geo["block_size"], geo["num_heads"], geo["head_size"])
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    layers = []
+    for _ in range(geo["num_layers"]):
+        tensor = empty_shm_tensor(shape, dtype) if shm else torch.zeros(shape, dtype=dtype)
+        if seed is not None:
+            tensor.copy_(torch.randn(shape, generator=gen).to(dtype))
+        layers.append(tensor)
+    return layers
+
+
+def unlink_kv(kv: list[torch.Tensor]) -> None:
+    from lmcache.v1.platform.cpu.shm import shm_segment_of, unlink_segment
+
+    for tensor in kv:
+        name = shm_segment_of(tensor)
+        if name:
+            unlink_segment(name)
