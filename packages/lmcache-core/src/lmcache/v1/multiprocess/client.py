@@ -61,6 +61,15 @@ def normalize_url(url: str) -> str:
     return f"tcp://{url}"
 
 
+def free_url(host: str = "127.0.0.1") -> str:
+    """A ``tcp://`` URL on a port nothing listens on right now (tests, demos)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return f"tcp://{host}:{sock.getsockname()[1]}"
+
+
 class MPClient:
     """One DEALER connection; thread-safe (calls are serialized)."""
 
