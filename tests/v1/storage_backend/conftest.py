@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from redis_servers import own_redis_server, redis_cluster, redis_server  # noqa: F401 (fixtures)
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
@@ -62,7 +63,9 @@ BackendFactory = Callable[..., StorageBackendInterface]
 
 
 @pytest.fixture
-def backend_factory(tmp_path: Path) -> Iterator[Callable[[str], StorageBackendInterface]]:
+def backend_factory(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[[str], StorageBackendInterface]]:
     made: list[StorageBackendInterface] = []
 
     def make(kind: str, **overrides: Any) -> StorageBackendInterface:
@@ -91,6 +94,13 @@ def backend_factory(tmp_path: Path) -> Iterator[Callable[[str], StorageBackendIn
             backend = DictStoragePlugin(
                 config=make_config(), dst_device="cpu", local_cpu_backend=cpu
             )
+        elif kind in ("redis", "redis_cluster"):
+            from redis_servers import make_redis_backend
+
+            cpu = LocalCPUBackend(make_config(local_cpu=False, **overrides))
+            made.append(cpu)
+            server = request.getfixturevalue("redis_server" if kind == "redis" else kind)
+            backend = make_redis_backend(server.url, cpu, cluster=kind == "redis_cluster")
         else:
             raise ValueError(kind)
         made.append(backend)
@@ -101,7 +111,7 @@ def backend_factory(tmp_path: Path) -> Iterator[Callable[[str], StorageBackendIn
         backend.close()
 
 
-@pytest.fixture(params=["cpu", "disk", "manager", "plugin"])
+@pytest.fixture(params=["cpu", "disk", "manager", "plugin", "redis", "redis_cluster"])
 def backend(request: pytest.FixtureRequest, backend_factory: Any) -> StorageBackendInterface:
     made: StorageBackendInterface = backend_factory(request.param)
     return made

@@ -399,23 +399,7 @@ class LocalDiskBackend(StorageBackendInterface):
     def _allocate(
         self, shapes: list[torch.Size], dtypes: list[torch.dtype], fmt: MemoryFormat
     ) -> MemoryObj | None:
-        if self.local_cpu_backend is not None:
-            if len(shapes) == 1:
-                return self.local_cpu_backend.allocate(shapes[0], dtypes[0], fmt)
-            return self.local_cpu_backend.allocate(shapes, dtypes, fmt)
-        nbytes = part_offsets(shapes, dtypes)[-1]
-        multi = len(shapes) > 1
-        meta = MemoryObjMetadata(
-            shape=shapes[0],
-            dtype=dtypes[0],
-            address=0,
-            phy_size=nbytes,
-            ref_count=1,
-            fmt=fmt,
-            shapes=shapes if multi else None,
-            dtypes=dtypes if multi else None,
-        )
-        return TensorMemoryObj(torch.empty(nbytes, dtype=torch.uint8), meta)
+        return allocate_for_read(self.local_cpu_backend, shapes, dtypes, fmt)
 
     # -- pins and removal ---------------------------------------------------------------------
 
@@ -482,6 +466,33 @@ class LocalDiskBackend(StorageBackendInterface):
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def allocate_for_read(
+    local_cpu_backend: LocalCPUBackend | None,
+    shapes: list[torch.Size],
+    dtypes: list[torch.dtype],
+    fmt: MemoryFormat,
+) -> MemoryObj | None:
+    """Memory for a chunk read back from a lower tier: from L1's allocator when there is
+    one (None when it is full), else a standalone object."""
+    if local_cpu_backend is not None:
+        if len(shapes) == 1:
+            return local_cpu_backend.allocate(shapes[0], dtypes[0], fmt)
+        return local_cpu_backend.allocate(shapes, dtypes, fmt)
+    nbytes = part_offsets(shapes, dtypes)[-1]
+    multi = len(shapes) > 1
+    meta = MemoryObjMetadata(
+        shape=shapes[0],
+        dtype=dtypes[0],
+        address=0,
+        phy_size=nbytes,
+        ref_count=1,
+        fmt=fmt,
+        shapes=shapes if multi else None,
+        dtypes=dtypes if multi else None,
+    )
+    return TensorMemoryObj(torch.empty(nbytes, dtype=torch.uint8), meta)
 
 
 def _write_all(f: BinaryIO, data: bytes | memoryview) -> None:

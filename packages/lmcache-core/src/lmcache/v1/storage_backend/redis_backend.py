@@ -43,13 +43,7 @@ import torch
 
 from lmcache.utils import CacheEngineKey, str_to_dtype
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
-from lmcache.v1.memory_management import (
-    MemoryFormat,
-    MemoryObj,
-    MemoryObjMetadata,
-    TensorMemoryObj,
-    part_offsets,
-)
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj, part_offsets
 from lmcache.v1.storage_backend.abstract_backend import (
     AllocatorBackendInterface,
     StoragePluginInterface,
@@ -60,6 +54,7 @@ from lmcache.v1.storage_backend.local_disk_backend import (
     FORMAT_VERSION,
     MAGIC,
     CorruptFileError,
+    allocate_for_read,
     encode_header,
     read_header,
 )
@@ -104,7 +99,7 @@ class RedisSettings:
     ssl_keyfile: str | None = None
     ssl_cert_reqs: str = "required"
     put_workers: int = 2
-    max_batch_bytes: int = 256 << 20
+    max_batch_bytes: int = 64 << 20
     """Puts are split into pipelines of at most this many value bytes."""
 
     def __post_init__(self) -> None:
@@ -126,7 +121,9 @@ class RedisSettings:
             raise ValueError("redis max_connections, put_workers, max_batch_bytes must be >= 1")
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], source: str = "redis options") -> RedisSettings:
+    def from_mapping(
+        cls, values: Mapping[str, Any], source: str = "redis options"
+    ) -> RedisSettings:
         """Settings from a mapping of option names (unknown names are an error)."""
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(values) - set(known))
@@ -266,8 +263,8 @@ class _Availability:
 # -- value format ---------------------------------------------------------------------------
 
 
-def encode_value(key: CacheEngineKey, obj: MemoryObj) -> bytes:
-    """The stored value of ``obj``: the disk tier's chunk format, in one buffer."""
+def _encode_parts(key: CacheEngineKey, obj: MemoryObj) -> tuple[bytes, memoryview]:
+    """``(prefix + header, payload)`` of ``obj`` in the disk tier's chunk format."""
     header = json.dumps(encode_header(key, obj)).encode("utf-8")
     payload = obj.byte_array
     prefix = _PREFIX.pack(
@@ -279,7 +276,37 @@ def encode_value(key: CacheEngineKey, obj: MemoryObj) -> bytes:
         zlib.crc32(payload),
         zlib.crc32(header),
     )
-    return b"".join((prefix, header, payload))
+    return prefix + header, payload
+
+
+def encode_value(key: CacheEngineKey, obj: MemoryObj) -> bytes:
+    """The stored value of ``obj`` as one new buffer."""
+    head, payload = _encode_parts(key, obj)
+    return b"".join((head, payload))
+
+
+class _EncodeBuffer(threading.local):
+    """A per-thread staging buffer, reused so puts do not fault in fresh pages each time."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def encode(self, items: Sequence[tuple[CacheEngineKey, MemoryObj]]) -> list[memoryview]:
+        """Values of ``items`` as views into the buffer (valid until the next call)."""
+        parts = [_encode_parts(key, obj) for key, obj in items]
+        total = sum(len(head) + len(payload) for head, payload in parts)
+        if len(self.buf) < total:
+            self.buf = bytearray(total)  # a new one: the old may still be exported
+        view = memoryview(self.buf)
+        values = []
+        offset = 0
+        for head, payload in parts:
+            end = offset + len(head) + len(payload)
+            view[offset : offset + len(head)] = head
+            view[offset + len(head) : end] = payload
+            values.append(view[offset:end])
+            offset = end
+        return values
 
 
 @dataclass
@@ -327,19 +354,23 @@ def _counting_connection_classes(stats: RedisStats) -> tuple[type, type, type, t
     import redis.asyncio.connection as aconn
     import redis.connection as conn
 
-    def sync_cls(base: type) -> type:
+    def sync_cls(base: Any) -> type:
         def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
             stats.add(round_trips=1)
             base.send_packed_command(self, command, check_health)
 
-        return type(f"Counting{base.__name__}", (base,), {"send_packed_command": send_packed_command})
+        return type(
+            f"Counting{base.__name__}", (base,), {"send_packed_command": send_packed_command}
+        )
 
-    def async_cls(base: type) -> type:
+    def async_cls(base: Any) -> type:
         async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
             stats.add(round_trips=1)
             await base.send_packed_command(self, command, check_health)
 
-        return type(f"Counting{base.__name__}", (base,), {"send_packed_command": send_packed_command})
+        return type(
+            f"Counting{base.__name__}", (base,), {"send_packed_command": send_packed_command}
+        )
 
     return (
         sync_cls(conn.Connection),
@@ -384,6 +415,7 @@ class RedisBackend(StoragePluginInterface):
         self._executor = ThreadPoolExecutor(
             max_workers=settings.put_workers, thread_name_prefix="lmc-redis-put"
         )
+        self._encoder = _EncodeBuffer()
         self._closed = False
         self._connect_at_start()
 
@@ -435,10 +467,9 @@ class RedisBackend(StoragePluginInterface):
         from redis.cluster import RedisCluster
 
         kwargs = self._client_kwargs(asynchronous=False)
+        client: Any
         if self.settings.cluster:
-            client = RedisCluster.from_url(
-                self.settings.url, cluster_error_retry_attempts=1, **kwargs
-            )
+            client = RedisCluster.from_url(self.settings.url, **kwargs)
         else:
             max_connections = kwargs.pop("max_connections")
             pool = redis.BlockingConnectionPool.from_url(
@@ -466,7 +497,7 @@ class RedisBackend(StoragePluginInterface):
 
         try:
             self._get_client()
-        except (redis.RedisError, OSError) as exc:
+        except (*_unreachable_errors(), redis.RedisError) as exc:  # type: ignore[misc]
             if not self.settings.optional:
                 self._executor.shutdown(wait=False)
                 raise RedisUnavailableError(
@@ -485,15 +516,12 @@ class RedisBackend(StoragePluginInterface):
             return None
         try:
             result = op(self._get_client())
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except _unreachable_errors() as exc:
             self._on_connection_error(exc)
             return None
         except redis.RedisError as exc:
-            if _is_cluster_unreachable(exc):
-                self._on_connection_error(exc)
-            else:
-                self.stats.add(errors=1)
-                logger.warning("redis %s failed: %s", what, exc)
+            self.stats.add(errors=1)
+            logger.warning("redis %s failed: %s", what, exc)
             return None
         self._availability.succeeded()
         return result
@@ -589,7 +617,7 @@ class RedisBackend(StoragePluginInterface):
         corrupt: list[str] = []
         for key, value in zip(keys, values):
             obj = None
-            if isinstance(value, bytes | bytearray):
+            if isinstance(value, bytes):
                 try:
                     obj = self._to_memory_obj(decode_value(key, value))
                 except CorruptFileError as exc:
@@ -603,7 +631,7 @@ class RedisBackend(StoragePluginInterface):
         return results
 
     def _to_memory_obj(self, value: DecodedValue) -> MemoryObj | None:
-        obj = self._allocate(value.shapes, value.dtypes, value.fmt)
+        obj = allocate_for_read(self.local_cpu_backend, value.shapes, value.dtypes, value.fmt)
         if obj is None:
             logger.warning("no memory to read a %d-byte chunk from redis", len(value.payload))
             return None
@@ -611,27 +639,6 @@ class RedisBackend(StoragePluginInterface):
             obj.set_used_size(int(value.used_size))
         obj.byte_array[:] = value.payload
         return obj
-
-    def _allocate(
-        self, shapes: list[torch.Size], dtypes: list[torch.dtype], fmt: MemoryFormat
-    ) -> MemoryObj | None:
-        if self.local_cpu_backend is not None:
-            if len(shapes) == 1:
-                return self.local_cpu_backend.allocate(shapes[0], dtypes[0], fmt)
-            return self.local_cpu_backend.allocate(shapes, dtypes, fmt)
-        nbytes = part_offsets(shapes, dtypes)[-1]
-        multi = len(shapes) > 1
-        meta = MemoryObjMetadata(
-            shape=shapes[0],
-            dtype=dtypes[0],
-            address=0,
-            phy_size=nbytes,
-            ref_count=1,
-            fmt=fmt,
-            shapes=shapes if multi else None,
-            dtypes=dtypes if multi else None,
-        )
-        return TensorMemoryObj(torch.empty(nbytes, dtype=torch.uint8), meta)
 
     # -- asyncio path -------------------------------------------------------------------------
 
@@ -642,9 +649,7 @@ class RedisBackend(StoragePluginInterface):
         kwargs = self._client_kwargs(asynchronous=True)
         if self.settings.cluster:
             kwargs.pop("max_connections")
-            return AsyncRedisCluster.from_url(
-                self.settings.url, cluster_error_retry_attempts=1, **kwargs
-            )
+            return AsyncRedisCluster.from_url(self.settings.url, **kwargs)
         return aredis.Redis.from_url(self.settings.url, **kwargs)
 
     async def _run_async(self, op: Callable[[Any], Any], what: str) -> Any:
@@ -663,18 +668,15 @@ class RedisBackend(StoragePluginInterface):
                 if persistent:
                     self._aclient = client
             result = await op(client)
-        except (redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError) as exc:
+        except _unreachable_errors() as exc:
             self._on_connection_error(exc)
             if persistent:
                 self._aclient = None
                 await _aclose_quietly(client)
             return None
         except redis.RedisError as exc:
-            if _is_cluster_unreachable(exc):
-                self._on_connection_error(exc)
-            else:
-                self.stats.add(errors=1)
-                logger.warning("redis %s failed: %s", what, exc)
+            self.stats.add(errors=1)
+            logger.warning("redis %s failed: %s", what, exc)
             return None
         finally:
             if not persistent and client is not None:
@@ -759,12 +761,12 @@ class RedisBackend(StoragePluginInterface):
         on_complete_callback: Callable[[CacheEngineKey], None] | None,
     ) -> None:
         keys = [key for key, _ in batch]
+        values: list[memoryview] = []
         try:
-            values = []
-            for key, obj in batch:
-                try:
-                    values.append(encode_value(key, obj))
-                finally:
+            try:
+                values = self._encoder.encode(batch)
+            finally:
+                for _, obj in batch:
                     obj.ref_count_down()
             stored = self._store(keys, values)
         except Exception:
@@ -782,7 +784,7 @@ class RedisBackend(StoragePluginInterface):
             for key in keys:
                 on_complete_callback(key)
 
-    def _store(self, keys: list[CacheEngineKey], values: list[bytes]) -> list[Any] | None:
+    def _store(self, keys: list[CacheEngineKey], values: list[memoryview]) -> list[Any] | None:
         ttl_ms = int(self.settings.ttl_s * 1000) if self.settings.ttl_s is not None else None
 
         def op(client: Any) -> list[Any]:
@@ -897,10 +899,19 @@ def _batches(
         yield batch
 
 
-def _is_cluster_unreachable(exc: BaseException) -> bool:
-    from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    """Errors meaning "Redis (or a shard) cannot be reached": they trip the breaker."""
+    import redis
+    from redis.exceptions import ClusterError, RedisClusterException
 
-    return isinstance(exc, ClusterDownError | ClusterError | SlotNotCoveredError)
+    return (
+        redis.ConnectionError,
+        redis.TimeoutError,
+        ClusterError,
+        RedisClusterException,
+        OSError,
+        asyncio.TimeoutError,
+    )
 
 
 async def _aclose_quietly(client: Any) -> None:

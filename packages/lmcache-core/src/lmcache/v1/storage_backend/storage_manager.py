@@ -54,12 +54,29 @@ def create_storage_backends(
     if config.local_disk and config.max_local_disk_size > 0:
         backends[L2_NAME] = LocalDiskBackend(config, cpu, metadata, dst_device)
     if config.remote_url is not None:
-        logger.warning("remote_url %r: no remote backend in this build; ignored", config.remote_url)
+        _add_remote_backend(config, metadata, loop, cpu, dst_device, backends)
     storage_plugin_launcher(config, metadata, loop, cpu, dst_device, backends)
     return backends
 
 
 CreateStorageBackends = create_storage_backends
+
+
+def _add_remote_backend(
+    config: LMCacheEngineConfig,
+    metadata: LMCacheMetadata | None,
+    loop: asyncio.AbstractEventLoop | None,
+    cpu: LocalCPUBackend,
+    dst_device: str,
+    backends: OrderedDict[str, StorageBackendInterface],
+) -> None:
+    """``remote_url`` redis:// or rediss:// -> the Redis tier as "RemoteBackend"."""
+    from lmcache.v1.storage_backend.redis_backend import RedisBackend, is_redis_url
+
+    if not is_redis_url(config.remote_url):
+        logger.warning("remote_url %r: no remote backend for it; ignored", config.remote_url)
+        return
+    backends["RemoteBackend"] = RedisBackend(dst_device, config, metadata, cpu, loop)
 
 
 class StorageManager(AllocatorBackendInterface):
