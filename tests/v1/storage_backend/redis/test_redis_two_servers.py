@@ -43,7 +43,10 @@ def test_chunk_stored_through_server_a_is_bit_exact_through_server_b(
 
     adapter = json.dumps({"type": "resp", "url": redis_server.url, "namespace": "two-servers"})
     servers = [
-        ServerProcess([*BASE_ARGS, "--l2-adapter", adapter], tmp_path / f"server{i}.log")
+        ServerProcess(
+            [*BASE_ARGS, "--supported-transfer-mode", "auto", "--l2-adapter", adapter],
+            tmp_path / f"server{i}.log",
+        )
         for i in range(2)
     ]
     workers: list[KVCacheWorker] = []
