@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
+# One class for the baseline and every native backend, so callers catch one thing.
+from lmcache.v1.platform.ops_types import KVIndexError
 
-class KVIndexError(IndexError, ValueError):
-    """A block id or slot outside the engine buffers, raised before any byte is written.
-
-    Also a ``ValueError``: the torch baseline raises ``ValueError`` for the same inputs, and
-    callers written against it must keep working.
-    """
+__all__ = ["KVIndexError"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "KVIndexError",
     "BatchStep",
     "EngineKVFormat",
     "GPUKVFormat",
@@ -32,6 +33,14 @@ __all__ = [
     "is_layer_list",
     "is_mla",
 ]
+
+
+class KVIndexError(IndexError, ValueError):
+    """A block id or slot outside the engine buffers; raised before any byte is written.
+
+    Also a ``ValueError``, so callers written against upstream's baseline (which raises
+    ``ValueError`` for these inputs) keep working.  Native backends raise this same class.
+    """
 
 
 class TransferDirection(enum.IntEnum):

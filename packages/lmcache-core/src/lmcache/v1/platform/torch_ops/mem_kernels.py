@@ -12,7 +12,12 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
+from lmcache.v1.platform.ops_types import (
+    EngineKVFormat,
+    KVIndexError,
+    PageBufferShapeDesc,
+    TransferDirection,
+)
 from lmcache.v1.platform.torch_ops._kv_format import (
     KVFormatSpec,
     PagedLayout,
@@ -48,7 +53,7 @@ def _selected_tokens(
         raise ValueError(f"skip_prefix_n_tokens must be non-negative, got {skip}")
     slots = torch.as_tensor(slot_mapping).reshape(-1)[skip:].to("cpu", torch.int64)
     if slots.numel() and page_buffer_size > 0 and int(slots.max()) >= page_buffer_size:
-        raise ValueError(
+        raise KVIndexError(
             f"slot {int(slots.max())} is out of range for page_buffer_size={page_buffer_size}"
         )
     valid = slots >= 0

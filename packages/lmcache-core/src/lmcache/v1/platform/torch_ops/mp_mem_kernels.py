@@ -14,7 +14,12 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
+from lmcache.v1.platform.ops_types import (
+    EngineKVFormat,
+    KVIndexError,
+    PageBufferShapeDesc,
+    TransferDirection,
+)
 from lmcache.v1.platform.torch_ops._kv_format import (
     PagedLayout,
     Part,
@@ -174,7 +179,7 @@ def multi_layer_block_kv_transfer(
         obj_blocks = _object_tensor(objects[obj_index], layout, int(lmcache_chunk_size))
         last_slot = slots.stop - 1 if isinstance(slots, slice) else int(slots.max())
         if last_slot >= obj_blocks.shape[2]:
-            raise ValueError(
+            raise KVIndexError(
                 f"LMCache object {obj_index} holds {obj_blocks.shape[2]} blocks; "
                 f"block slot {last_slot} is out of range"
             )
@@ -188,4 +193,4 @@ def _check_block_ids(
 ) -> None:
     highest = max(int(engine_ids.max()) for _obj, _slots, engine_ids in runs)
     if highest >= num_blocks:
-        raise ValueError(f"block id {highest} is out of range for {num_blocks} engine blocks")
+        raise KVIndexError(f"block id {highest} is out of range for {num_blocks} engine blocks")
