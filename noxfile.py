@@ -30,11 +30,17 @@ DIST = ROOT / "dist"
 
 TORCH = "torch==2.13.0"
 BUILD_DEPS = ["setuptools>=77", "wheel", "scikit-build-core>=0.10", "nanobind>=2"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "psutil"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "psutil", "redis>=5", "hiredis>=2"]
 
 nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
+
+
+def _build_env() -> dict[str, str]:
+    # Where nvcc exists (CI has it), a CUDA plugin that silently built without its
+    # kernels would pass its skips unnoticed: make that a build error instead.
+    return {"LMCACHE_CUDA_REQUIRE_NATIVE": "ON"} if shutil.which("nvcc") else {}
 
 
 def _build_wheel(session: nox.Session, project: Path, out_dir: Path) -> Path:

@@ -6,6 +6,7 @@ Concrete wrappers register under a wire tag (see :mod:`.ipc_wire`); ``Serialize`
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, ClassVar
 
@@ -13,6 +14,8 @@ import msgspec
 import torch
 
 from lmcache.v1.platform.base.ipc_wire import IPCData, NpuIPCData, TensorMetadata, WireIPCData
+
+logger = logging.getLogger(__name__)
 
 _WRAPPER_TYPES: dict[str, type[DeviceIPCWrapper]] = {}
 _WRAPPER_TYPES_LOCK = threading.Lock()
@@ -38,6 +41,17 @@ def register_ipc_wrapper(tag: str) -> Any:
 def registered_ipc_wrappers() -> dict[str, type[DeviceIPCWrapper]]:
     with _WRAPPER_TYPES_LOCK:
         return dict(_WRAPPER_TYPES)
+
+
+def _import_backend_wrappers() -> None:
+    """Import the ``ipc_wrapper_cls`` of every registered device backend."""
+    from lmcache.v1.platform._device_detect import get_registry
+
+    for backend in get_registry().backends.values():
+        try:
+            backend.spec.ipc_wrapper_cls  # noqa: B018 - imported for its registration
+        except Exception as exc:
+            logger.debug("backend %r: ipc_wrapper_cls unavailable: %s", backend.backend_name, exc)
 
 
 def dtype_to_str(dtype: torch.dtype) -> str:
@@ -138,8 +152,13 @@ class DeviceIPCWrapper:
                 f"malformed or unsupported DeviceIPCWrapper payload ({exc}); pickled "
                 "wrappers are refused"
             ) from exc
-        tag = type(wire).__struct_config__.tag
-        wrapper_cls = registered_ipc_wrappers().get(str(tag))
+        tag = str(type(wire).__struct_config__.tag)
+        wrapper_cls = registered_ipc_wrappers().get(tag)
+        if wrapper_cls is None:
+            # Wrapper classes register on import, which plugins keep lazy; pull in every
+            # registered backend's wrapper once before refusing the tag.
+            _import_backend_wrappers()
+            wrapper_cls = registered_ipc_wrappers().get(tag)
         if wrapper_cls is None:
             raise ValueError(
                 f"IPC wrapper kind {tag!r} is not supported by this server "

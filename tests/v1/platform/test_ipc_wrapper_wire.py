@@ -1,0 +1,68 @@
+"""DeviceIPCWrapper wire encoding: allowlisted tags only, lazy wrapper registration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from lmcache.v1.platform.base.ipc_wire import CpuShmIPCData, TensorMetadata
+from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+
+
+def test_pickle_bytes_are_refused() -> None:
+    import pickle
+
+    with pytest.raises(ValueError, match="pickled wrappers are refused"):
+        DeviceIPCWrapper.Deserialize(pickle.dumps({"handle": 1}))
+
+
+def test_unknown_tag_is_refused() -> None:
+    payload = msgspec.msgpack.encode({"type": "quantum", "version": 1})
+    with pytest.raises(ValueError):
+        DeviceIPCWrapper.Deserialize(payload)
+
+
+def test_unregistered_subclass_cannot_be_serialized() -> None:
+    class Rogue(DeviceIPCWrapper):
+        pass
+
+    with pytest.raises(ValueError, match="Unsupported IPC wrapper type"):
+        DeviceIPCWrapper.Serialize(
+            Rogue(None, dtype=__import__("torch").float32, shape=(1,), stride=(1,))
+        )
+
+
+DECODE_WITHOUT_IMPORTING_SHM = """
+import json, sys
+import msgspec
+from lmcache.v1.platform.base.ipc_wire import CpuShmIPCData, TensorMetadata
+from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+assert "lmcache.v1.platform.cpu.shm" not in sys.modules
+data = CpuShmIPCData(
+    metadata=TensorMetadata(dtype="float32", shape=(4,), stride=(1,), storage_offset=0,
+                            device_uuid=""),
+    shm_name=sys.argv[1] if len(sys.argv) > 1 else "/lmcache_kv_missing_segment", nbytes=16)
+try:
+    wrapper = DeviceIPCWrapper.Deserialize(msgspec.msgpack.encode(data))
+    print(json.dumps(type(wrapper).__name__))
+except Exception as exc:
+    print(json.dumps(f"{type(exc).__name__}: {exc}"))
+"""
+
+
+def test_backend_wrappers_are_loaded_lazily_on_first_unknown_tag(run_python_json: Any) -> None:
+    # The cpu_shm class registers itself on import; Deserialize must find it through the
+    # registry instead of refusing the tag as unknown.
+    result = run_python_json(DECODE_WITHOUT_IMPORTING_SHM)
+    assert "not supported by this server" not in result
+    assert result == "CpuShmTensorWrapper"
+
+
+def test_metadata_round_trips() -> None:
+    data = CpuShmIPCData(
+        metadata=TensorMetadata("bfloat16", (2, 3), (3, 1), 0, "host"), shm_name="/x", nbytes=12
+    )
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(data), type=CpuShmIPCData)
+    assert decoded == data
