@@ -58,6 +58,7 @@ def _build_wheel(session: nox.Session, project: Path, out_dir: Path) -> Path:
         str(out_dir),
         str(project),
         silent=True,
+        env=_build_env(),
     )
     built = set(out_dir.glob("*.whl")) - before
     name = project.name.replace("-", "_")
