@@ -1,0 +1,51 @@
+"""Smoke runs of ``lmcache demo`` and ``lmcache bench server`` (correctness, not speed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mp_server_helpers import ServerProcess
+
+
+def _lmcache(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, LMCACHE_LOG_LEVEL="WARNING")
+    return subprocess.run(
+        [sys.executable, "-m", "lmcache.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_demo_against_a_running_server(auto_server: ServerProcess) -> None:
+    result = _lmcache("demo", "--url", auto_server.url, "--tokens", "100", "--layers", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "retrieved KV is bit-exact" in result.stdout
+    assert "sub-path shm" in result.stdout
+    assert "all checks passed" in result.stdout
+
+
+def test_bench_server_quick_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = _lmcache(
+        "bench",
+        "server",
+        "--quick",
+        "--paths",
+        "engine-shm",
+        "lmcache-driven",
+        "--workers",
+        "1",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "x memcpy" in result.stdout
+    rows = json.loads(out.read_text())
+    assert {r["path"] for r in rows} == {"engine-driven SHM", "LMCache-driven (CPU SHM)"}
+    assert all(r["store_gbps"] > 0 and r["retrieve_gbps"] > 0 for r in rows)
