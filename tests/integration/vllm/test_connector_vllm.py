@@ -1,0 +1,78 @@
+"""``LMCacheMPConnector`` against vLLM's real classes (skipped where vLLM is absent)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed")
+
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    supports_hma,
+)
+
+from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
+
+MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _transfer_config(port: int, **extra: object) -> KVTransferConfig:
+    return KVTransferConfig(
+        kv_connector="LMCacheMPConnector",
+        kv_connector_module_path=MODULE,
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "lmcache.mp.host": "tcp://127.0.0.1",
+            "lmcache.mp.port": str(port),
+            **extra,
+        },
+    )
+
+
+def test_vllm_factory_resolves_our_class() -> None:
+    cls = KVConnectorFactory.get_connector_class(_transfer_config(5555))
+    assert cls is LMCacheMPConnector
+    assert issubclass(cls, KVConnectorBase_V1) and supports_hma(cls)
+    assert not getattr(cls, "__abstractmethods__", None)
+
+
+def _fake_vllm_config(port: int, **extra: object) -> SimpleNamespace:
+    return SimpleNamespace(
+        kv_transfer_config=_transfer_config(port, **extra),
+        model_config=SimpleNamespace(model="m", served_model_name="m"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+        cache_config=SimpleNamespace(block_size=32),
+    )
+
+
+def test_server_down_is_a_clear_bounded_error() -> None:
+    port = _unused_port()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match="lmcache server") as info:
+        LMCacheMPConnector(
+            _fake_vllm_config(port, **{"lmcache.mp.mq_timeout": "2"}),
+            KVConnectorRole.SCHEDULER,
+            None,
+        )
+    assert f"--port {port}" in str(info.value)
+    assert time.monotonic() - started < 30
+
+
+def test_bad_extra_config_fails_before_connecting() -> None:
+    with pytest.raises(ValueError, match=r"lmcache\.mp\.port"):
+        LMCacheMPConnector(
+            _fake_vllm_config(5555, **{"lmcache.mp.port": "x"}), KVConnectorRole.WORKER, None
+        )
