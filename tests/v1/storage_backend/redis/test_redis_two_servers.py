@@ -1,12 +1,8 @@
-"""Two ``lmcache server`` processes sharing one Redis through ``--l2-adapter``.
-
-Skipped until the server has the ``--l2-adapter`` flag (see docs/redis.md for the wiring).
-"""
+"""Two ``lmcache server`` processes sharing one Redis through ``--l2-adapter``."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 import uuid
@@ -22,21 +18,9 @@ pytestmark = pytest.mark.redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "multiprocess"))
 
 
-def _server_has_l2_adapter() -> bool:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lmcache.cli.main", "server", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return "--l2-adapter" in proc.stdout
-
-
 def test_chunk_stored_through_server_a_is_bit_exact_through_server_b(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    if not _server_has_l2_adapter():
-        pytest.skip("lmcache server has no --l2-adapter flag yet")
     from mp_server_helpers import BASE_ARGS, CHUNK_SIZE, ServerProcess, make_kv
 
     from lmcache.v1.multiprocess.worker import KVCacheWorker

@@ -16,10 +16,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -32,7 +34,13 @@ from lmcache.v1.multiprocess import protocol
 from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.mp_cache_server import CacheServerSettings, MPCacheServer
 from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
-from lmcache.v1.storage_backend.storage_manager import StorageManager
+from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.storage_manager import (
+    L1_NAME,
+    StorageManager,
+    create_storage_backends,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -93,16 +101,20 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     from lmcache.v1.platform.cpu.event_ipc import HostEventIPCBackend
     from lmcache.v1.platform.cpu.shm import unlink_segment
 
+    adapters = [parse_l2_adapter(raw) for raw in config.l2_adapters]
+    disk_path, disk_size_gb = _disk_tier(config, adapters)
     engine_config = LMCacheEngineConfig(
         chunk_size=config.chunk_size,
         max_local_cpu_size=config.resolved_l1_size_gb(),
         cache_policy=config.eviction_policy,
-        local_disk=config.l2_disk_path if config.l2_disk_size_gb > 0 else None,
-        max_local_disk_size=config.l2_disk_size_gb if config.l2_disk_path else 0.0,
+        local_disk=disk_path,
+        max_local_disk_size=disk_size_gb,
         save_unfull_chunk=True,
         blocking_timeout_secs=config.blocking_timeout_secs,
     )
-    storage = StorageManager(engine_config, shm_name=config.resolved_shm_name())
+    backends = create_storage_backends(engine_config, shm_name=config.resolved_shm_name())
+    _add_remote_adapters(adapters, backends)
+    storage = StorageManager(engine_config, backends=backends)
     _prefault(storage)
     settings = CacheServerSettings(
         chunk_size=config.chunk_size,
@@ -119,6 +131,58 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         event_backend=HostEventIPCBackend(),
         unlink_segment=unlink_segment,
     )
+
+
+_DISK_ADAPTER_TYPES = ("disk", "fs")
+_DEFAULT_DISK_ADAPTER_SIZE_GB = 10.0
+
+
+def parse_l2_adapter(raw: str) -> dict[str, Any]:
+    """One ``--l2-adapter`` JSON object; errors name the flag and the bad value."""
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--l2-adapter {raw!r} is not valid JSON: {exc}") from exc
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+        raise ValueError(f'--l2-adapter {raw!r} must be a JSON object with a "type"')
+    from lmcache.v1.storage_backend.redis_backend import L2_ADAPTER_TYPES
+
+    known = (*L2_ADAPTER_TYPES, *_DISK_ADAPTER_TYPES)
+    if spec["type"] not in known:
+        raise ValueError(
+            f"--l2-adapter type {spec['type']!r} is not supported; supported: {', '.join(known)}"
+        )
+    return spec
+
+
+def _disk_tier(config: MPServerConfig, adapters: list[dict[str, Any]]) -> tuple[str | None, float]:
+    """(path, size GB) of the disk tier from --l2-disk-* or a disk adapter (one at most)."""
+    disks = [a for a in adapters if a["type"] in _DISK_ADAPTER_TYPES]
+    if config.l2_disk_path and config.l2_disk_size_gb > 0:
+        disks.insert(0, {"path": config.l2_disk_path, "size_gb": config.l2_disk_size_gb})
+    if len(disks) > 1:
+        raise ValueError("only one disk tier is supported (--l2-disk-path or one disk adapter)")
+    if not disks:
+        return None, 0.0
+    disk = disks[0]
+    if not isinstance(disk.get("path"), str) or not disk["path"]:
+        raise ValueError('--l2-adapter of type disk needs a "path"')
+    size = float(disk.get("size_gb", _DEFAULT_DISK_ADAPTER_SIZE_GB))
+    if size <= 0:
+        raise ValueError(f"--l2-adapter disk size_gb must be positive, got {size}")
+    return disk["path"], size
+
+
+def _add_remote_adapters(
+    adapters: list[dict[str, Any]], backends: OrderedDict[str, StorageBackendInterface]
+) -> None:
+    from lmcache.v1.storage_backend.redis_backend import L2_ADAPTER_TYPES, create_from_l2_adapter
+
+    cpu = backends[L1_NAME]
+    assert isinstance(cpu, LocalCPUBackend)
+    for index, spec in enumerate(a for a in adapters if a["type"] in L2_ADAPTER_TYPES):
+        backends[f"L2Adapter{index}:{spec['type']}"] = create_from_l2_adapter(spec, cpu)
+        logger.info("L2 adapter %d: %s tier added", index, spec["type"])
 
 
 def _prefault(storage: StorageManager) -> None:

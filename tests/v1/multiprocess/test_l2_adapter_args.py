@@ -1,0 +1,43 @@
+"""``--l2-adapter`` parsing: upstream's JSON form, clear errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache.v1.multiprocess.config import MPServerConfig
+from lmcache.v1.multiprocess.server import _disk_tier, parse_l2_adapter
+
+
+def test_resp_adapter_parses() -> None:
+    spec = parse_l2_adapter('{"type": "resp", "url": "redis://127.0.0.1:6379"}')
+    assert spec["type"] == "resp"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", 'must be a JSON object with a "type"'),
+        ('{"type": "s3"}', "type 's3' is not supported"),
+    ],
+)
+def test_bad_adapter_is_a_clear_error(raw: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_l2_adapter(raw)
+
+
+def test_disk_adapter_becomes_the_disk_tier() -> None:
+    spec = parse_l2_adapter('{"type": "disk", "path": "/data", "size_gb": 3}')
+    assert _disk_tier(MPServerConfig(), [spec]) == ("/data", 3.0)
+
+
+def test_two_disk_tiers_are_refused() -> None:
+    spec = parse_l2_adapter('{"type": "disk", "path": "/data"}')
+    config = MPServerConfig(l2_disk_path="/other", l2_disk_size_gb=1.0)
+    with pytest.raises(ValueError, match="only one disk tier"):
+        _disk_tier(config, [spec])
+
+
+def test_disk_adapter_needs_a_path() -> None:
+    with pytest.raises(ValueError, match='needs a "path"'):
+        _disk_tier(MPServerConfig(), [parse_l2_adapter('{"type": "fs"}')])
