@@ -174,3 +174,31 @@ def make_key_crash(i: int) -> object:
     from lmcache.utils import CacheEngineKey
 
     return CacheEngineKey("crash", 1, 0, i, torch.half)
+
+
+@pytest.mark.timeout(60)
+def test_batched_get_right_after_put_does_not_deadlock_the_pool(tmp_path: Path) -> None:
+    config = make_config(
+        local_disk=str(tmp_path),
+        max_local_disk_size="1MiB",
+        extra_config={"local_disk.num_workers": 1},
+    )
+    cpu = LocalCPUBackend(make_config(local_cpu=False))
+    disk = LocalDiskBackend(config, cpu)
+    keys = [make_key(i) for i in range(4)]
+    objs = []
+    for i in range(4):
+        obj = cpu.allocate(torch.Size([2, 2, 16, 32]), torch.half)
+        assert obj is not None
+        obj.tensor.copy_(expected_tensor(i))
+        objs.append(obj)
+    disk.batched_submit_put_task(keys, objs)
+    got = disk.batched_get_blocking(keys)
+    assert all(
+        g is not None and torch.equal(g.tensor, expected_tensor(i)) for i, g in enumerate(got)
+    )
+    for obj in [*objs, *got]:
+        assert obj is not None
+        obj.ref_count_down()
+    disk.close()
+    cpu.close()

@@ -337,14 +337,21 @@ class LocalDiskBackend(StorageBackendInterface):
                 hits += 1
         return hits
 
-    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+    def _wait_for_put_of(self, keys: list[CacheEngineKey]) -> None:
         with self._lock:
-            pending = self._put_tasks.get(key)
-        if pending is not None:
+            pending = [self._put_tasks[k] for k in keys if k in self._put_tasks]
+        for future in pending:
             try:
-                pending.result()
+                future.result()
             except BaseException:
-                return None
+                pass  # the failed put left no file: a miss
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        self._wait_for_put_of([key])
+        return self._get_indexed(key)
+
+    def _get_indexed(self, key: CacheEngineKey) -> MemoryObj | None:
+        """Read ``key`` if its file is indexed; never waits for in-flight puts."""
         with self._lock:
             entry = self._index.get(key)
             if entry is None:
@@ -365,9 +372,12 @@ class LocalDiskBackend(StorageBackendInterface):
 
     def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
         """Reads on the thread pool: checksumming releases the GIL, so files verify in parallel."""
+        # Wait for in-flight puts here, not in the pool: a pooled read waiting for a put
+        # queued behind it in the same pool would deadlock.
+        self._wait_for_put_of(keys)
         if len(keys) <= 1:
-            return [self.get_blocking(key) for key in keys]
-        return list(self._executor.map(self.get_blocking, keys))
+            return [self._get_indexed(key) for key in keys]
+        return list(self._executor.map(self._get_indexed, keys))
 
     def _read(self, key: CacheEngineKey, entry: _Entry) -> MemoryObj | None:
         with open(entry.path, "rb", buffering=0) as f:
@@ -420,13 +430,7 @@ class LocalDiskBackend(StorageBackendInterface):
             return True
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
-        with self._lock:
-            pending = self._put_tasks.get(key)
-        if pending is not None:
-            try:
-                pending.result()
-            except BaseException:
-                pass
+        self._wait_for_put_of([key])
         with self._lock:
             entry = self._index.get(key)
             if entry is None:
@@ -446,12 +450,8 @@ class LocalDiskBackend(StorageBackendInterface):
     def wait_for_puts(self) -> None:
         """Block until every submitted put has finished (tests, shutdown, benchmarks)."""
         with self._lock:
-            pending = list(self._put_tasks.values())
-        for future in pending:
-            try:
-                future.result()
-            except BaseException:
-                pass
+            keys = list(self._put_tasks)
+        self._wait_for_put_of(keys)
 
     @property
     def used_bytes(self) -> int:
