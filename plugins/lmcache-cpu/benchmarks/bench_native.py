@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a benchmark script prints its report)
 """Side-by-side throughput of the lmcache-cpu native ops, the torch baseline and memcpy.
 
 For each dtype and direction it times, in one process and on the same buffers:

@@ -1,4 +1,3 @@
-# ruff: noqa: T201 -- a benchmark script prints its report
 """Native CUDA block transfer vs the torch baseline vs a device-to-host copy bound.
 
 For each layout: D2H (paged GPU cache -> pinned host chunk objects) and H2D, GB/s of KV
