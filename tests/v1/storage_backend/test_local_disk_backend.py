@@ -143,13 +143,16 @@ def test_sigkill_mid_write_keeps_every_completed_put(tmp_path: Path) -> None:
     completed: list[int] = []
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
-    while len(completed) < 20 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        completed.append(int(line))
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        while len(completed) < 20 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            completed.append(int(line))
+    finally:
+        # Also on a test timeout: an orphaned writer would fill the disk forever.
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert len(completed) >= 20, "writer did not complete enough puts"
 
     disk, cpu = _disk(tmp_path, size="1GB")

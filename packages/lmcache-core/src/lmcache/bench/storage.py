@@ -274,7 +274,8 @@ def _print(rows: list[Row], lookup: dict[str, Any]) -> None:
         print(f"prefix lookup: {lookup['keys_per_s']:,.0f} keys/s vs dict loop "
               f"{lookup['dict_keys_per_s']:,.0f} keys/s "
               f"(ratio {lookup['keys_per_s'] / lookup['dict_keys_per_s']:.2f}); per CPU second "
-              f"{lookup['keys_per_cpu_s']:,.0f} vs {lookup['dict_keys_per_cpu_s']:,.0f}")  # fmt: skip
+              f"{lookup['keys_per_cpu_s']:,.0f} vs "
+              f"{lookup['dict_keys_per_cpu_s']:,.0f}")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
