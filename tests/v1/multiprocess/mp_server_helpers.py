@@ -33,6 +33,12 @@ class ServerProcess:
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
         env["LMCACHE_LOG_LEVEL"] = "WARNING"
+        # The HTTP frontend and the Prometheus endpoint are off unless a test asks for them
+        # (their default ports would collide between concurrent servers).
+        if "--http-port" not in args:
+            args = [*args, "--http-port", "0"]
+        if "--prometheus-port" not in args:
+            args = [*args, "--prometheus-port", "0"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lmcache.cli.main", "server", "--port", str(self.port), *args],
             stdout=self._log,

@@ -46,6 +46,8 @@ def test_bench_server_quick_json(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "x memcpy" in result.stdout
-    rows = json.loads(out.read_text())
+    document = json.loads(out.read_text())
+    assert document["benchmark"] == "server"
+    rows = document["results"]
     assert {r["path"] for r in rows} == {"engine-driven SHM", "LMCache-driven (CPU SHM)"}
     assert all(r["store_gbps"] > 0 and r["retrieve_gbps"] > 0 for r in rows)

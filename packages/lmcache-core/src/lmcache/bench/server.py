@@ -5,25 +5,31 @@ each path (engine-driven SHM, engine-driven inline, LMCache-driven CPU SHM) and 
 worker count, stores fresh chunks from paged KV caches and retrieves them into other
 blocks, timing whole requests as a client sees them (wall clock, all workers together).
 The reference is one ``torch`` copy of the same bytes in this process (the memcpy bound).
+
+``--metrics-overhead`` instead starts two servers, one with ``--disable-metrics``, and
+alternates timed rounds between them (store + retrieve, one worker per path), so drift on a
+shared machine hits both alike; it reports the throughput of each and how far apart they are.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from lmcache.bench._output import add_output_arguments, plot_bars, progress, write_json
 from lmcache.v1.multiprocess.client import MPClient, ServerUnavailableError
 from lmcache.v1.multiprocess.worker import KVCacheWorker
 
@@ -70,8 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=["engine-shm", "engine-inline", "lmcache-driven"],
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
-    parser.add_argument("--plot", metavar="PNG", help="also plot (needs matplotlib)")
+    parser.add_argument(
+        "--metrics-overhead",
+        action="store_true",
+        help="compare a server with metrics against one with --disable-metrics",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="alternating rounds of --metrics-overhead"
+    )
+    add_output_arguments(parser)
 
 
 def _free_port() -> int:
@@ -80,12 +93,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start_server(args: argparse.Namespace, l1_gb: float) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(
+    args: argparse.Namespace, l1_gb: float, *extra: str
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     cmd = [
         sys.executable, "-m", "lmcache.cli.main", "server", "--port", str(port),
         "--supported-transfer-mode", "auto", "--chunk-size", str(args.chunk_size),
         "--l1-size-gb", f"{l1_gb:.4f}", "--max-message-mb", "2048",
+        "--http-port", "0", "--prometheus-port", "0", *extra,
     ]  # fmt: skip
     env = dict(os.environ, LMCACHE_LOG_LEVEL="WARNING")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -104,18 +120,19 @@ def _start_server(args: argparse.Namespace, l1_gb: float) -> tuple[subprocess.Po
 
 
 class _Progress:
+    """One bar for the whole run; requests of all worker threads advance it."""
+
     def __init__(self, total: int) -> None:
-        self.total, self.done = total, 0
+        self._bar = progress(total, "bench server")
         self._lock = threading.Lock()
 
     def step(self, label: str) -> None:
         with self._lock:
-            self.done += 1
-            filled = int(30 * self.done / self.total)
-            bar = "#" * filled + "." * (30 - filled)
-            print(f"\r[{bar}] {self.done}/{self.total} {label:<34}", end="", file=sys.stderr)
-            if self.done == self.total:
-                print(file=sys.stderr)
+            self._bar.set_description_str(label)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def _kv(args: argparse.Namespace, num_blocks: int, shm: bool) -> list[torch.Tensor]:
@@ -183,7 +200,7 @@ def _measure(
             failures.append(exc)
             barrier.abort()
 
-    results = []
+    results: list[float] = []
     layout = clients[0].context.layout if clients[0].context is not None else None
     assert layout is not None
     bytes_per_token = layout.bytes_per_token()
@@ -216,39 +233,123 @@ def _apply_quick(args: argparse.Namespace) -> None:
         args.workers = [1, 2]
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _sizes(args: argparse.Namespace, workers: int, rounds: int = 1) -> tuple[int, int, float]:
+    """(chunk bytes, request bytes, L1 GiB holding every request of the run)."""
+    chunk_bytes = 2 * args.num_layers * args.chunk_size * args.num_heads * args.head_size
+    chunk_bytes *= DTYPES[args.dtype].itemsize
+    request_bytes = chunk_bytes * args.chunks
+    footprint = request_bytes * (args.iters + 1) * workers * rounds
+    return chunk_bytes, request_bytes, max(0.0625, 1.25 * footprint / 1024**3)
+
+
 def run(args: argparse.Namespace) -> int:
     _apply_quick(args)
     logging.getLogger("lmcache").setLevel(logging.WARNING)  # keep the progress bar readable
     wanted = {"engine-shm": 0, "engine-inline": 1, "lmcache-driven": 2}
     paths = [PATHS[wanted[p]] for p in args.paths]
-    dtype = DTYPES[args.dtype]
-    chunk_bytes = 2 * args.num_layers * args.chunk_size * args.num_heads * args.head_size
-    chunk_bytes *= dtype.itemsize
-    request_bytes = chunk_bytes * args.chunks
-    footprint = request_bytes * (args.iters + 1) * max(args.workers)
-    l1_gb = max(0.0625, 1.25 * footprint / 1024**3)
+    if args.metrics_overhead:
+        return _run_metrics_overhead(args, paths)
+    chunk_bytes, request_bytes, l1_gb = _sizes(args, max(args.workers))
     memcpy = _memcpy_gbps(request_bytes)
-    total = sum(2 * (args.iters + 1) * w for w in args.workers) * len(paths)
-    progress = _Progress(total)
+    bar = _Progress(sum(2 * (args.iters + 1) * w for w in args.workers) * len(paths))
     proc, url = _start_server(args, l1_gb)
     rows: list[Row] = []
     try:
         for mode, sub, label in paths:
             for workers in args.workers:
-                store, retrieve = _measure(args, url, mode, sub, workers, progress, label)
+                store, retrieve = _measure(args, url, mode, sub, workers, bar, label)
                 rows.append(Row(label, workers, chunk_bytes, store, retrieve, memcpy))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        bar.close()
+        _stop(proc)
     _print_table(rows, request_bytes)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) | _ratios(r) for r in rows], f, indent=2)
+        write_json(args.json, "server", args, [asdict(r) | _ratios(r) for r in rows])
     if args.plot:
         _plot(rows, args.plot)
+    return 0
+
+
+def _run_metrics_overhead(
+    args: argparse.Namespace, paths: Sequence[tuple[str, str | None, str]]
+) -> int:
+    """Alternate rounds between a metered and an unmetered server; medians per path."""
+    _, request_bytes, l1_gb = _sizes(args, 1, args.rounds * 2)
+    bar = _Progress(len(paths) * args.rounds * 2 * 2 * (args.iters + 1))
+    servers = {
+        "metrics": _start_server(args, l1_gb),
+        "no-metrics": _start_server(args, l1_gb, "--disable-metrics"),
+    }
+    samples: dict[tuple[str, str], list[float]] = {}
+    try:
+        for mode, sub, label in paths:
+            for rnd in range(args.rounds):
+                # Swap the order every round: neither server is always second.
+                order = list(servers) if rnd % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    store, retrieve = _measure(
+                        args, servers[name][1], mode, sub, 1, bar, f"{label} {name}"
+                    )
+                    # store+retrieve throughput: bytes both ways over the time of both
+                    both = 2 / (1 / store + 1 / retrieve)
+                    samples.setdefault((label, name), []).append(both)
+    finally:
+        bar.close()
+        for proc, _url in servers.values():
+            _stop(proc)
+    results: list[dict[str, Any]] = []
+    for _mode, _sub, label in paths:
+        on, off = samples[(label, "metrics")], samples[(label, "no-metrics")]
+        # Paired per round (the two runs of a round saw the same machine load).
+        ratio = statistics.median(a / b for a, b in zip(on, off))
+        results.append(
+            {
+                "path": label,
+                "metrics_gbps": statistics.median(on),
+                "no_metrics_gbps": statistics.median(off),
+                "ratio": ratio,
+                "overhead_pct": 100 * (1 - ratio),
+            }
+        )
+    print(
+        f"store+retrieve GB/s, median of {args.rounds} alternating rounds per server; "
+        "ratio = median of the per-round ratios, "
+        f"request {request_bytes / 1024**2:.1f} MiB"
+    )
+    header = f"{'path':<26} {'metrics':>9} {'no metrics':>11} {'ratio':>7} {'overhead %':>11}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(
+            f"{r['path']:<26} {r['metrics_gbps']:>9.2f} {r['no_metrics_gbps']:>11.2f} "
+            f"{r['ratio']:>7.3f} {r['overhead_pct']:>11.2f}"
+        )
+    worst = max(abs(r["overhead_pct"]) for r in results)
+    print(f"largest difference: {worst:.2f}% (budget 3%)")
+    if args.json:
+        write_json(
+            args.json, "server-metrics-overhead", args, results, summary={"max_abs_pct": worst}
+        )
+    if args.plot:
+        plot_bars(
+            args.plot,
+            "MP server store+retrieve: metrics on vs --disable-metrics",
+            [r["path"] for r in results],
+            {
+                "metrics": [r["metrics_gbps"] for r in results],
+                "no metrics": [r["no_metrics_gbps"] for r in results],
+            },
+            {"metrics / no metrics": [r["ratio"] for r in results]},
+            "ratio",
+        )
     return 0
 
 
@@ -278,22 +379,19 @@ def _print_table(rows: list[Row], request_bytes: int) -> None:
 
 
 def _plot(rows: list[Row], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed; no plot written")
-        return
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [f"{r.path}\nx{r.workers}" for r in rows]
-    xs: Any = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r.store_gbps for r in rows], 0.4, label="store")
-    ax.bar([x + 0.2 for x in xs], [r.retrieve_gbps for r in rows], 0.4, label="retrieve")
-    ax.axhline(rows[0].memcpy_gbps, color="gray", linestyle="--", label="memcpy")
-    ax.set_xticks(list(xs), labels, fontsize=7)
-    ax.set_ylabel("GB/s")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+    labels = [f"{r.path} x{r.workers}" for r in rows]
+    plot_bars(
+        path,
+        "MP server throughput per transfer path",
+        labels,
+        {
+            "store": [r.store_gbps for r in rows],
+            "retrieve": [r.retrieve_gbps for r in rows],
+            "memcpy": [r.memcpy_gbps for r in rows],
+        },
+        {
+            "store / memcpy": [r.store_ratio for r in rows],
+            "retrieve / memcpy": [r.retrieve_ratio for r in rows],
+        },
+        "x memcpy",
+    )

@@ -2,9 +2,11 @@
 
 With no flags it serves on the embedded defaults: a bounded L1 of min(1 GiB, a quarter of
 available memory) with LRU eviction, in POSIX shared memory (so engine-driven workers use
-the SHM sub-path), and the lmcache_driven transfer mode.  SIGINT/SIGTERM shut it down
-cleanly: in-flight requests are answered, the disk tier is flushed and the shared memory
-it created is removed.
+the SHM sub-path), and the lmcache_driven transfer mode.  An HTTP frontend on
+127.0.0.1:8080 answers /healthcheck, /status and /metrics (Prometheus; also on
+--prometheus-port 9090); ``--http-port 0`` and ``--prometheus-port 0`` turn them off.
+SIGINT/SIGTERM shut it down cleanly: in-flight requests are answered, the disk tier is
+flushed and the shared memory it created is removed.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"LMCache server listening on {server.endpoint} | chunk size {config.chunk_size} | "
             f"L1 {stats.l1_capacity_bytes / 1024**3:.2f} GiB {config.eviction_policy} | "
-            f"SHM {shm} | transfer mode {config.supported_transfer_mode.value}",
+            f"SHM {shm} | transfer mode {config.supported_transfer_mode.value} | "
+            f"HTTP {server.http_url or 'off'} | "
+            f"metrics {'off' if config.disable_metrics else 'on'}",
             flush=True,
         )
 

@@ -37,6 +37,11 @@ class MPServerConfig:
     pending_transfer_timeout_seconds: float = 60.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     blocking_timeout_secs: int = 2
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    prometheus_port: int = 9090
+    disable_metrics: bool = False
+    enable_http_cache_clear: bool = False
 
     def resolved_instance_id(self) -> str:
         return self.instance_id or uuid.uuid4().hex
@@ -159,6 +164,42 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
             'or \'{"type": "disk", "path": "/data", "size_gb": 10}\' (also "fs").'
         ),
     )
+    add_http_frontend_args(parser)
+    add_observability_args(parser)
+
+
+def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("HTTP frontend")
+    group.add_argument(
+        "--http-host", default="127.0.0.1", help="Bind address of the HTTP frontend."
+    )
+    group.add_argument(
+        "--http-port",
+        type=int,
+        default=8080,
+        help="Port of the HTTP frontend (/healthcheck, /status, /metrics, /cache/clear); "
+        "0 disables it.",
+    )
+    group.add_argument(
+        "--enable-http-cache-clear",
+        action="store_true",
+        help="Serve POST /cache/clear (off by default: it drops every cached object).",
+    )
+
+
+def add_observability_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Observability")
+    group.add_argument(
+        "--disable-metrics",
+        action="store_true",
+        help="Keep no Prometheus metrics (no hot-path cost; /metrics answers 404).",
+    )
+    group.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9090,
+        help="Also serve /metrics on this port (on --http-host); 0 disables it.",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> MPServerConfig:
@@ -181,4 +222,9 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         session_ttl_seconds=args.session_ttl_seconds,
         pending_transfer_timeout_seconds=args.pending_transfer_timeout_seconds,
         max_message_bytes=int(args.max_message_mb * 1024**2),
+        http_host=args.http_host,
+        http_port=args.http_port,
+        prometheus_port=args.prometheus_port,
+        disable_metrics=args.disable_metrics,
+        enable_http_cache_clear=args.enable_http_cache_clear,
     )

@@ -8,6 +8,7 @@ dies half-way never exposes a partial chunk.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -38,7 +39,13 @@ from lmcache.v1.multiprocess.custom_types import (
     ServerStats,
 )
 from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
+from lmcache.v1.multiprocess.metrics import ServerMetrics
 from lmcache.v1.multiprocess.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.tiers import (
+    describe_tiers,
+    install_eviction_counters,
+    tier_problems,
+)
 from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
 from lmcache.v1.platform.ops_types import TransferDirection
 from lmcache.v1.storage_backend.storage_manager import StorageManager
@@ -49,6 +56,9 @@ logger = logging.getLogger(__name__)
 # which retrieve checks against the worker's layout (lookups know no dtype).
 _KEY_DTYPE = torch.uint8
 _MAX_LOOKUP_SESSIONS = 65536
+# Metric label of the LMCache-driven path: the server copies straight between its L1 and
+# the worker's registered KV cache pages.
+DIRECT_SUB_PATH = "direct"
 
 
 @dataclasses.dataclass
@@ -59,6 +69,7 @@ class _Worker:
     mode: MPTransferMode
     context: Any = None  # the cache context (LMCache-driven)
     inline: bool = False  # engine-driven sub-path
+    inline_declared: bool = False  # the worker said it speaks inline (not upstream's pickle)
     last_seen: float = dataclasses.field(default_factory=time.monotonic)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -92,6 +103,22 @@ class CacheServerSettings:
     session_ttl_seconds: float = 600.0
 
 
+# Upstream's ``LayoutHints["kv_layout"]`` names for the layouts we understand from shapes.
+_SUPPORTED_KV_LAYOUTS = frozenset({"NHD"})
+
+
+def _check_layout_hints(layout_hints: Any) -> None:
+    """Refuse a declared KV layout we would misread (we infer ``[2, NB, BS, NH, HS]``)."""
+    kv_layout = layout_hints.get("kv_layout") if isinstance(layout_hints, dict) else None
+    if kv_layout is not None and kv_layout not in _SUPPORTED_KV_LAYOUTS:
+        raise ProtocolError(
+            ErrorCode.SHAPE_MISMATCH,
+            f"register_kv_cache: KV layout {kv_layout!r} is not supported; this server "
+            f"reads per-layer KV caches as NHD ([2, num_blocks, block_size, num_heads, "
+            f"head_size]) or MLA ([num_blocks, block_size, head_size])",
+        )
+
+
 class MPCacheServer:
     """The cache server's state: L1/L2 storage, registered workers, pending transfers."""
 
@@ -103,6 +130,7 @@ class MPCacheServer:
         create_cache_context: Callable[..., Any],
         event_backend: Any = None,
         unlink_segment: Callable[[str], bool] | None = None,
+        enable_metrics: bool = True,
     ) -> None:
         self.settings = settings
         self.chunk_size = settings.chunk_size
@@ -127,6 +155,11 @@ class MPCacheServer:
             chunk_size=self.chunk_size,
         )
         self._stats_lock = threading.Lock()
+        self.started_at = time.time()
+        self._evictions = install_eviction_counters(storage)
+        self.metrics: ServerMetrics | None = (
+            ServerMetrics(self.metrics_state) if enable_metrics else None
+        )
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -233,14 +266,25 @@ class MPCacheServer:
             )
         return ids
 
-    def _commit(self, keys: list[Any], objs: list[MemoryObj], spans: Sequence[ChunkSpan]) -> None:
+    def _commit(
+        self,
+        keys: list[Any],
+        objs: list[MemoryObj],
+        spans: Sequence[ChunkSpan],
+        worker: _Worker,
+        sub_path: str,
+    ) -> None:
         """Make chunks visible (all bytes are in place), then drop our references."""
         try:
             self.storage.batched_submit_put_task(keys, objs)
         finally:
             for obj in objs:
                 obj.ref_count_down()
-        self._count(stored_chunks=len(spans), stored_tokens=sum(s.num_tokens for s in spans))
+        tokens = sum(s.num_tokens for s in spans)
+        self._count(stored_chunks=len(spans), stored_tokens=tokens)
+        if self.metrics is not None:
+            nbytes = tokens * worker.layout.bytes_per_token()
+            self.metrics.add_stored(worker.mode.value, sub_path, nbytes)
 
     def _get_all(self, keys: list[Any]) -> list[MemoryObj] | None:
         found = self.storage.batched_get_blocking(keys)
@@ -269,6 +313,7 @@ class MPCacheServer:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "register_kv_cache")
         if not kv_cache:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, "register_kv_cache: empty KV cache list")
+        _check_layout_hints(layout_hints)
         if self._event_backend is not None:
             try:
                 self._event_backend.check_event_support("cpu")
@@ -360,7 +405,7 @@ class MPCacheServer:
             for obj in objs:
                 obj.ref_count_down()
             raise
-        self._commit([keys[i] for i in todo], objs, spans_todo)
+        self._commit([keys[i] for i in todo], objs, spans_todo, worker, DIRECT_SUB_PATH)
         return b"", True
 
     def retrieve(
@@ -397,7 +442,7 @@ class MPCacheServer:
         finally:
             for obj in objs:
                 obj.ref_count_down()
-        self._count(retrieved_chunks=len(spans), retrieved_tokens=sum(s.num_tokens for s in spans))
+        self._count_retrieved(spans, worker, DIRECT_SUB_PATH)
         return b"", True
 
     def _wait_worker_event(self, handle: bytes) -> None:
@@ -477,7 +522,20 @@ class MPCacheServer:
                 ErrorCode.UNSUPPORTED_TRANSFER_MODE, "this server runs without shared memory"
             )
         worker.inline = sub_path == "inline"
+        worker.inline_declared = worker.inline
         return True
+
+    def _refuse_pickle_sub_path(self, worker: _Worker, instance_id: int, operation: str) -> None:
+        """Without SHM, a worker that never declared the inline sub-path is upstream
+        LMCache's pickle sub-path, which we refuse before any data moves."""
+        if worker.inline and not worker.inline_declared:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_TRANSFER_MODE,
+                f"{operation}: engine-driven worker {instance_id} uses the pickle sub-path "
+                f"(this server has no shared memory, --shm-name ''). lmcache-core never "
+                f"unpickles: restart the server with shared memory (--shm-name auto, the "
+                f"default) for the SHM sub-path, or use lmcache_driven transfer.",
+            )
 
     def unregister_kv_cache_engine_driven_context(self, instance_id: int) -> None:
         self._require_mode(
@@ -506,6 +564,7 @@ class MPCacheServer:
     def prepare_store(self, key: IPCCacheServerKey, instance_id: int) -> PrepareStoreResponse:
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "prepare_store")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        self._refuse_pickle_sub_path(worker, instance_id, "prepare_store")
         spans = self._plan(key, worker)
         keys = self._keys(key, spans)
         todo = self._missing(keys)
@@ -544,13 +603,17 @@ class MPCacheServer:
             pending.release()
             raise
         objs, pending.objs = pending.objs, []
-        self._commit(pending.keys, objs, [spans[i] for i in pending.indices])
+        sub_path = "inline" if data else "shm"
+        self._commit(pending.keys, objs, [spans[i] for i in pending.indices], worker, sub_path)
         return True
 
     def _fill_inline(self, pending: _Pending, data: bytes, layout: KVLayout) -> None:
         if data[:1] == b"\x80":
             raise ProtocolError(
-                ErrorCode.BAD_PAYLOAD, "pickled commit_store data is refused; use the inline format"
+                ErrorCode.BAD_PAYLOAD,
+                "pickled commit_store data is refused (lmcache-core never unpickles; upstream "
+                "LMCache's pickle sub-path is unsupported): use the SHM sub-path or "
+                "lmcache-core's inline format",
             )
         try:
             chunks = msgspec.msgpack.decode(data, type=InlineChunks)
@@ -576,6 +639,7 @@ class MPCacheServer:
     def prepare_retrieve(self, key: IPCCacheServerKey, instance_id: int) -> PrepareRetrieveResponse:
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "prepare_retrieve")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        self._refuse_pickle_sub_path(worker, instance_id, "prepare_retrieve")
         spans = self._plan(key, worker)
         objs = self._get_all(self._keys(key, spans))
         if objs is None:
@@ -588,18 +652,22 @@ class MPCacheServer:
             if slots is None:
                 data = self._inline_data(objs, worker.layout, pending.indices)
                 pending.release()
-                self._count_retrieved(spans)
+                self._count_retrieved(spans, worker, "inline")
                 return PrepareRetrieveResponse(success=True, data=data)
         except BaseException:
             pending.release()
             raise
         self._put_pending(self._pending_retrieves, (instance_id, self._span_id(spans)), pending)
-        self._count_retrieved(spans)
+        self._count_retrieved(spans, worker, "shm")
         context = {"slots": slots, "chunk_indices": pending.indices}
         return PrepareRetrieveResponse(success=True, context=context)
 
-    def _count_retrieved(self, spans: Sequence[ChunkSpan]) -> None:
-        self._count(retrieved_chunks=len(spans), retrieved_tokens=sum(s.num_tokens for s in spans))
+    def _count_retrieved(self, spans: Sequence[ChunkSpan], worker: _Worker, sub_path: str) -> None:
+        tokens = sum(s.num_tokens for s in spans)
+        self._count(retrieved_chunks=len(spans), retrieved_tokens=tokens)
+        if self.metrics is not None:
+            nbytes = tokens * worker.layout.bytes_per_token()
+            self.metrics.add_retrieved(worker.mode.value, sub_path, nbytes)
 
     def _inline_data(self, objs: list[MemoryObj], layout: KVLayout, indices: list[int]) -> bytes:
         nbytes = layout.chunk_nbytes(self.chunk_size)
@@ -675,6 +743,9 @@ class MPCacheServer:
         pinned = [k for keys in per_rank for k in keys[:hits] if self.storage.contains(k, pin=True)]
         hit_tokens = sum(s.num_tokens for s in spans[:hits])
         self._count(lookup_hit_tokens=hit_tokens)
+        if self.metrics is not None:
+            miss_tokens = sum(s.num_tokens for s in spans[hits:])
+            self.metrics.add_lookup(hit_tokens, miss_tokens)
         self._remember_lookup(key.request_id, _LookupSession(hit_tokens, pinned))
 
     def _remember_lookup(self, request_id: str, session: _LookupSession) -> None:
@@ -718,9 +789,18 @@ class MPCacheServer:
     # -- management ---------------------------------------------------------------------------
 
     def clear(self, force: bool = False) -> None:
+        self.remove_all(force)
+
+    def remove_all(self, force: bool = False) -> int:
+        """Remove every L1 object (and its lower-tier copies); returns how many went."""
         l1 = self.storage.local_cpu_backend
-        for k in l1.get_keys():
-            self.storage.remove(k, force=force)
+        removed = 0
+        with contextlib.ExitStack() as stack:
+            for counter in self._evictions.values():
+                stack.enter_context(counter.explicit())
+            for k in l1.get_keys():
+                removed += bool(self.storage.remove(k, force=force))
+        return removed
 
     def get_chunk_size(self) -> int:
         return self.chunk_size
@@ -766,6 +846,88 @@ class MPCacheServer:
         stats.pending_prepares = pending
         return stats
 
+    # -- observability ------------------------------------------------------------------------
+
+    def health_problems(self) -> list[str]:
+        """Why the server cannot serve (empty when healthy): broken or unreachable tiers."""
+        return tier_problems(self.storage)
+
+    def worker_counts(self) -> dict[str, int]:
+        with self._workers_lock:
+            modes = [w.mode.value for w in self._workers.values()]
+        return {
+            m.value: modes.count(m.value) for m in MPTransferMode if m is not MPTransferMode.AUTO
+        }
+
+    def pinned_objects(self) -> int:
+        with self._lookups_lock:
+            return sum(len(s.pinned) for s in self._lookups.values())
+
+    def tiers(self) -> list[dict[str, Any]]:
+        return describe_tiers(self.storage, self._evictions)
+
+    def metrics_state(self) -> dict[str, Any]:
+        """What the metrics read at scrape time."""
+        return {
+            "tiers": self.tiers(),
+            "workers": self.worker_counts(),
+            "pinned_objects": self.pinned_objects(),
+            "healthy": not self.health_problems(),
+        }
+
+    def status(self) -> dict[str, Any]:
+        """The ``/status`` document."""
+        from lmcache import __version__
+
+        stats = self.get_stats()
+        with self._workers_lock:
+            workers = [
+                {
+                    "instance_id": iid,
+                    "model_name": w.model_name,
+                    "world_size": w.world_size,
+                    "transfer_mode": w.mode.value,
+                    "sub_path": (
+                        DIRECT_SUB_PATH
+                        if w.mode is MPTransferMode.LMCACHE_DRIVEN
+                        else ("inline" if w.inline else "shm")
+                    ),
+                    "idle_seconds": round(time.monotonic() - w.last_seen, 3),
+                }
+                for iid, w in self._workers.items()
+            ]
+        supported = self.settings.supported_transfer_mode
+        modes = (
+            [MPTransferMode.LMCACHE_DRIVEN.value, MPTransferMode.ENGINE_DRIVEN.value]
+            if supported is MPTransferMode.AUTO
+            else [supported.value]
+        )
+        problems = self.health_problems()
+        return {
+            "version": __version__,
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "chunk_size": self.chunk_size,
+            "healthy": not problems,
+            "problems": problems,
+            "supported_transfer_mode": supported.value,
+            "transfer_modes": modes,
+            "shm_name": self.shm_name,
+            "metrics_enabled": self.metrics is not None,
+            "tiers": self.tiers(),
+            "workers": workers,
+            "pinned_objects": self.pinned_objects(),
+            "pending_prepares": stats.pending_prepares,
+            "counters": {
+                "stored_tokens": stats.stored_tokens,
+                "retrieved_tokens": stats.retrieved_tokens,
+                "stored_chunks": stats.stored_chunks,
+                "retrieved_chunks": stats.retrieved_chunks,
+                "lookup_hit_tokens": stats.lookup_hit_tokens,
+                "errors": stats.errors,
+                "dropped_replies": stats.dropped_replies,
+            },
+        }
+
     # -- housekeeping -------------------------------------------------------------------------
 
     def reap(self, now: float | None = None) -> None:
@@ -808,4 +970,8 @@ class MPCacheServer:
             self._lookups.clear()
         for session in sessions:
             self._unpin(session)
-        self.storage.close()
+        try:
+            self.storage.close()
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()

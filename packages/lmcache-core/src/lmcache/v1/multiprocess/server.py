@@ -130,6 +130,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         create_cache_context,
         event_backend=HostEventIPCBackend(),
         unlink_segment=unlink_segment,
+        enable_metrics=not config.disable_metrics,
     )
 
 
@@ -224,11 +225,15 @@ class MPServer:
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self._closed = False
+        self.http_url: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def is_serving(self) -> bool:
+        return not self._stop.is_set() and not self._closed
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
@@ -325,6 +330,8 @@ class MPServer:
             payloads = protocol.decode_payloads(spec, frames[3:])
         except ProtocolError as exc:
             self._count_error()
+            if self.engine.metrics is not None:
+                self.engine.metrics.count_rejected(operation or "unknown", exc.code.value)
             self._send(
                 [identity, *protocol.encode_error(uid_frame, exc.code, exc.message, operation)]
             )
@@ -354,15 +361,22 @@ class MPServer:
         payloads: list[Any],
     ) -> list[bytes]:
         identity, uid_frame, op_frame, operation = head
+        metrics = self.engine.metrics
+        start = time.perf_counter() if metrics is not None else 0.0
         try:
             response = handler(*payloads)
-            return [identity, *protocol.encode_success(uid_frame, op_frame, response)]
+            reply = [identity, *protocol.encode_success(uid_frame, op_frame, response)]
+            if metrics is not None:
+                metrics.observe_request(operation, "ok", time.perf_counter() - start)
+            return reply
         except ProtocolError as exc:
             code, message = exc.code, exc.message
         except Exception as exc:
             logger.exception("%s failed", operation)
             code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
         self._count_error()
+        if metrics is not None:
+            metrics.observe_request(operation, code.value, time.perf_counter() - start)
         return [identity, *protocol.encode_error(uid_frame, code, message, operation)]
 
     def _run_and_push(
@@ -425,15 +439,65 @@ def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None 
         server.request_stop()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    frontends = start_frontends(config, server)
     try:
         if ready is not None:
             ready(server)
         server.serve_forever()
     finally:
+        for frontend in frontends:
+            frontend.stop()
         server.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 0
+
+
+def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
+    """The HTTP frontend and the Prometheus endpoint, each unless its port is 0.
+
+    A port that cannot be bound is logged as an error and that endpoint stays off: the
+    cache keeps serving its clients (a liveness probe on the missing endpoint then fails,
+    which is how an orchestrator notices).
+    """
+    from lmcache.v1.multiprocess.http_server import HTTPFrontend, PrometheusEndpoint
+
+    frontends: list[Any] = []
+    server.http_url = None
+    if config.http_port:
+        try:
+            http = HTTPFrontend(
+                server.engine,
+                config.http_host,
+                config.http_port,
+                is_serving=server.is_serving,
+                allow_cache_clear=config.enable_http_cache_clear,
+            )
+        except OSError as exc:
+            logger.error(
+                "HTTP frontend off: cannot listen on %s:%d (%s); pass --http-port",
+                config.http_host,
+                config.http_port,
+                exc,
+            )
+        else:
+            http.start()
+            server.http_url = http.url
+            frontends.append(http)
+    metrics = server.engine.metrics
+    if config.prometheus_port and metrics is not None:
+        try:
+            frontends.append(
+                PrometheusEndpoint(metrics.registry, config.http_host, config.prometheus_port)
+            )
+        except OSError as exc:
+            logger.error(
+                "Prometheus endpoint off: cannot listen on %s:%d (%s); pass --prometheus-port",
+                config.http_host,
+                config.prometheus_port,
+                exc,
+            )
+    return frontends
 
 
 def main(argv: list[str] | None = None) -> int:

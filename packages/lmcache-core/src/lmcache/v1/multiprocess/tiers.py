@@ -1,0 +1,141 @@
+"""What the server reports about its storage tiers: usage, evictions and health.
+
+The storage layer knows nothing of the server (dependencies point inward), so the server
+reads the tiers through their public attributes and, for evictions, wraps each bounded
+tier's eviction policy in :class:`EvictionCounter`: every ``on_remove`` the tier makes is an
+eviction unless the server itself is removing keys (``clear``), which it says with
+:meth:`EvictionCounter.explicit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from lmcache.v1.storage_backend.storage_manager import L1_NAME, StorageManager
+
+_PROBE_PREFIX = ".lmcache-health-"
+
+
+class EvictionCounter:
+    """Proxy of a tier's cache policy that counts evictions (removals the server did not ask)."""
+
+    def __init__(self, policy: Any) -> None:
+        self._policy = policy
+        self.evictions = 0
+        self._explicit = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def __len__(self) -> int:
+        return len(self._policy)
+
+    def on_remove(self, key: Any) -> None:
+        if not getattr(self._explicit, "active", False):
+            self.evictions += 1  # called under the tier's lock
+        self._policy.on_remove(key)
+
+    @contextlib.contextmanager
+    def explicit(self) -> Iterator[None]:
+        self._explicit.active = True
+        try:
+            yield
+        finally:
+            self._explicit.active = False
+
+
+def install_eviction_counters(storage: StorageManager) -> dict[str, EvictionCounter]:
+    """Wrap the policy of every tier that has one; returns the counters by tier name."""
+    counters: dict[str, EvictionCounter] = {}
+    for name, backend in storage.storage_backends.items():
+        policy = getattr(backend, "_policy", None)
+        if policy is None or isinstance(policy, EvictionCounter):
+            continue
+        counter = EvictionCounter(policy)
+        backend._policy = counter  # type: ignore[attr-defined]
+        counters[name] = counter
+    return counters
+
+
+def tier_kind(name: str, backend: Any) -> str:
+    if name == L1_NAME:
+        return "l1"
+    if hasattr(backend, "path") and hasattr(backend, "capacity_bytes"):
+        return "disk"
+    return "remote"
+
+
+def describe_tiers(
+    storage: StorageManager, counters: dict[str, EvictionCounter]
+) -> list[dict[str, Any]]:
+    """One dictionary per tier: name, kind (l1/disk/remote), usage, capacity, evictions."""
+    tiers = []
+    backend: Any
+    for name, backend in storage.storage_backends.items():
+        kind = tier_kind(name, backend)
+        info: dict[str, Any] = {"name": name, "kind": kind, "used_bytes": 0}
+        used = getattr(backend, "used_bytes", None)
+        if isinstance(used, int):
+            info["used_bytes"] = used
+        capacity = getattr(backend, "capacity_bytes", None)
+        info["capacity_bytes"] = int(capacity) if isinstance(capacity, int) else None
+        try:
+            info["objects"] = len(backend)
+        except TypeError:
+            info["objects"] = None
+        counter = counters.get(name)
+        info["evictions"] = counter.evictions if counter is not None else None
+        if kind == "disk":
+            info["path"] = backend.path
+        stats = getattr(backend, "get_stats", None)
+        if kind == "remote" and callable(stats):
+            remote = stats()
+            info["errors"] = int(remote.get("errors", 0))
+            info["hits"] = int(remote.get("hits", 0))
+            info["misses"] = int(remote.get("misses", 0))
+        tiers.append(info)
+    return tiers
+
+
+def tier_problems(storage: StorageManager) -> list[str]:
+    """Why a tier cannot serve right now (empty when every tier is healthy).
+
+    The disk tier is probed by creating and removing a file in its directory (a removed,
+    read-only or full directory fails); a remote tier reports its circuit breaker.
+    """
+    problems = []
+    backend: Any
+    for name, backend in storage.storage_backends.items():
+        kind = tier_kind(name, backend)
+        if kind == "l1":
+            if getattr(backend, "_closed", False):
+                problems.append(f"{name}: closed")
+        elif kind == "disk":
+            problem = _probe_directory(backend.path)
+            if problem:
+                problems.append(f"{name}: {problem}")
+        elif getattr(backend, "available", True) is False:
+            problems.append(f"{name}: unreachable")
+    return problems
+
+
+def _probe_directory(path: str) -> str | None:
+    probe = os.path.join(path, f"{_PROBE_PREFIX}{uuid.uuid4().hex[:8]}")
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        return f"directory {path} is not writable ({exc.strerror or exc})"
+    try:
+        os.write(fd, b"ok")
+    except OSError as exc:
+        return f"cannot write to {path} ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return None
