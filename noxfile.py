@@ -32,7 +32,16 @@ DIST = ROOT / "dist"
 
 TORCH = "torch==2.13.0"
 BUILD_DEPS = ["setuptools>=77", "wheel", "scikit-build-core>=0.10", "nanobind>=2"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "psutil", "redis>=5", "hiredis>=2"]
+TEST_DEPS = [
+    "pytest>=8",
+    "pytest-timeout",
+    "hypothesis>=6",
+    "psutil",
+    "redis>=5",
+    "hiredis>=2",
+    "httpx",
+    "jsonschema",
+]
 
 nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm-e2e"]
 nox.options.reuse_existing_virtualenvs = True
@@ -77,9 +86,11 @@ def _install_wheels(session: nox.Session, projects: list[Path]) -> None:
     out_dir = Path(session.create_tmp()) / "wheels"
     shutil.rmtree(out_dir, ignore_errors=True)
     wheels = [_build_wheel(session, project, out_dir) for project in projects]
-    # --force-reinstall --no-deps: always test exactly the wheels just built.
-    session.install("--force-reinstall", "--no-deps", *map(str, wheels))
-    session.install(str(wheels[0]))  # resolve the core's runtime dependencies
+    # Uninstall first: with the same version already installed (a reused venv), pip would
+    # resolve dependencies from the *old* metadata and miss newly added ones.
+    dists = [w.name.split("-", 1)[0].replace("_", "-") for w in wheels]
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", *dists, silent=True)
+    session.install(*map(str, wheels))
 
 
 def _run_suite(session: nox.Session, *extra_paths: str) -> None:
