@@ -19,14 +19,27 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.platform.ops_types import PageBufferShapeDesc
+from lmcache.v1.platform.torch_ops.plan import (
+    Unsupported,
+    flatten_engine_buffers,
+    infer_kv_dtype,
+    pointer_container,
+    pointer_count,
+    pointer_tensor_geometry,
+)
 
-_ELEMENT_SIZE_DTYPES = {1: torch.uint8, 2: torch.float16, 4: torch.float32}
+__all__ = [
+    "Buf",
+    "EngineGeometry",
+    "PlaneGroup",
+    "Unsupported",
+    "geometry_from_bufs",
+    "geometry_from_pointers",
+    "geometry_from_tensors",
+    "tensor_buf",
+]
+
 _CANONICAL = ("KV", "NL", "NB", "BS", "NH", "HS")
-
-
-class Unsupported(Exception):
-    """The native path does not model this input; defer to the torch baseline."""
 
 
 class Buf:
@@ -100,25 +113,11 @@ def tensor_buf(tensor: Any, arg: str = "engine buffer") -> Buf:
 
 
 def _engine_items(paged: Any, spec: Any) -> list[tuple[Any, int, int, int]]:
-    """Flatten the engine container into ``(buffer, kv, layer, plane)``; -1 spans the axis."""
-    if spec.container == "cross":
-        buf = paged[0] if isinstance(paged, (list, tuple)) else paged
-        return [(buf, -1, -1, 0)]
-    items = list(paged)
-    if spec.container == "layers":
-        return [(b, -1, layer, 0) for layer, b in enumerate(items)]
-    if spec.container == "kv_layers":
-        if len(items) == 2 and isinstance(items[0], (list, tuple)):
-            items = [*items[0], *items[1]]
-        half = len(items) // 2
-        if half == 0:
-            raise Unsupported("empty kv_layers container")
-        return [(b, i // half, i % half, 0) for i, b in enumerate(items)]
-    out = []
-    for layer, group in enumerate(items):
-        for j, b in enumerate(group):
-            out.append((b, j if spec.tuple_axis == "KV" else -1, layer, j))
-    return out
+    """The baseline's container flattening; a lone K/V buffer is left to the baseline."""
+    try:
+        return flatten_engine_buffers(paged, spec)
+    except ZeroDivisionError:  # a kv_layers container with fewer than two buffers
+        raise Unsupported("empty kv_layers container") from None
 
 
 def _canonical_axes(buf: Buf, spec: Any, block_size: int, arg: str) -> dict[str, tuple[int, int]]:
@@ -249,109 +248,19 @@ def geometry_from_tensors(paged: Any, spec: Any, block_size: int, root: str) -> 
 # -- raw pointers ---------------------------------------------------------------------
 
 
-def infer_dtype(desc: Any) -> torch.dtype:
-    dtype = desc.dtype
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str) and dtype:
-        candidate = getattr(torch, dtype.removeprefix("torch."), None)
-        if isinstance(candidate, torch.dtype):
-            return candidate
-    try:
-        return _ELEMENT_SIZE_DTYPES[int(desc.element_size)]
-    except (KeyError, TypeError, ValueError):
-        raise Unsupported("cannot infer the KV dtype") from None
-
-
-def _pointer_geometry(spec: Any, desc: Any, planes: int) -> tuple[list[int], list[int]]:
-    sizes = {
-        "KV": 2,
-        "NL": int(desc.nl),
-        "NB": int(desc.nb),
-        "BS": int(desc.bs),
-        "PBS": int(desc.nb) * int(desc.bs),
-        "NH": int(desc.nh),
-        "HS": int(desc.hs) // planes,
-        "ONE": 1,
-    }
-    shape = [sizes[name] for name in spec.dims]
-    if min(shape) <= 0:
-        raise Unsupported(f"shape_desc gives shape {shape}")
-    strides = [1] * len(shape)
-    for axis in range(len(shape) - 2, -1, -1):
-        strides[axis] = strides[axis + 1] * shape[axis + 1]
-    block_stride = int(desc.block_stride_elems)
-    if block_stride and "NB" in spec.dims:
-        nb_axis = spec.dims.index("NB")
-        if block_stride < strides[nb_axis]:
-            raise Unsupported("block stride smaller than one block")
-        strides[nb_axis] = block_stride
-        for axis in range(nb_axis - 1, -1, -1):
-            strides[axis] = strides[axis + 1] * shape[axis + 1]
-    elif block_stride and block_stride != math.prod(shape[1:]):
-        raise Unsupported("non-tight block stride")
-    return shape, strides
-
-
 def geometry_from_pointers(
     pointers: Sequence[int], spec: Any, desc: Any, device: Any, root: str
 ) -> EngineGeometry:
-    """Mirror of the baseline's pointer reconstruction, without building tensors."""
+    """The baseline's pointer reconstruction (same checks), without building tensors."""
     if torch.device(device).type != "cpu":
         raise Unsupported("raw-pointer engine buffers on a non-cpu device")
-    dtype = infer_dtype(desc)
+    dtype = infer_kv_dtype(desc)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     nl = int(desc.nl)
-    expected = {"cross": 1, "layers": nl, "kv_layers": 2 * nl}
-    if spec.container in expected:
-        if len(pointers) != expected[spec.container]:
-            raise Unsupported("pointer count does not match the container")
-        per_layer = 1
-    else:
-        if nl <= 0 or len(pointers) % nl:
-            raise Unsupported("pointers do not split into layers")
-        per_layer = len(pointers) // nl
-    shape, strides = _pointer_geometry(spec, desc, per_layer if spec.tuple_axis == "HS" else 1)
+    per_layer = pointer_count(spec, len(pointers), nl)
+    shape, strides = pointer_tensor_geometry(
+        spec, desc, per_layer if spec.tuple_axis == "HS" else 1
+    )
     bufs = [Buf(int(p), tuple(shape), tuple(strides), itemsize, dtype) for p in pointers]
-    container: Any = bufs
-    if spec.container == "layer_tuples":
-        container = [tuple(bufs[i * per_layer : (i + 1) * per_layer]) for i in range(nl)]
-    items = _engine_items(container, spec)
+    items = _engine_items(pointer_container(spec, bufs, nl), spec)
     return geometry_from_bufs(items, spec, int(desc.bs), root)
-
-
-def is_pointer_tensor(paged: Any) -> bool:
-    return (
-        isinstance(paged, torch.Tensor)
-        and paged.dim() == 1
-        and paged.dtype in (torch.int64, torch.uint64)
-    )
-
-
-def pointer_list(paged: torch.Tensor) -> list[int]:
-    return [int(p) for p in paged.tolist()]
-
-
-def token_shape_desc(
-    spec: Any,
-    layers: int,
-    hidden: int,
-    page_buffer_size: int,
-    block_size: int,
-    head_size: int,
-    dtype: torch.dtype,
-) -> PageBufferShapeDesc:
-    """The shape the baseline assumes for slot-mapped ops in pointer mode."""
-    bs = block_size if block_size > 0 else page_buffer_size
-    hs = head_size if head_size > 0 and not spec.mla else hidden
-    if bs <= 0 or hs <= 0:
-        raise Unsupported("degenerate pointer-mode geometry")
-    return PageBufferShapeDesc(
-        kv_size=spec.kv_size,
-        nl=layers,
-        nb=page_buffer_size // bs,
-        bs=bs,
-        nh=hidden // hs,
-        hs=hs,
-        dtype=dtype,
-    )

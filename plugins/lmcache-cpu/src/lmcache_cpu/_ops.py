@@ -24,6 +24,7 @@ import torch
 
 from lmcache.v1.platform import torch_ops
 from lmcache.v1.platform.ops_types import EngineKVFormat, TransferDirection
+from lmcache.v1.platform.torch_ops import plan
 from lmcache_cpu import _native
 from lmcache_cpu._geometry import (
     EngineGeometry,
@@ -31,47 +32,16 @@ from lmcache_cpu._geometry import (
     geometry_from_bufs,
     geometry_from_pointers,
     geometry_from_tensors,
-    is_pointer_tensor,
-    pointer_list,
     tensor_buf,
-    token_shape_desc,
 )
 from lmcache_cpu.errors import KVIndexError
-
-_format_spec = torch_ops._format_spec
 
 # Symbol dtypes the native CDF reads directly; anything else is converted like the baseline.
 _CDF_NATIVE_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _CDF_TOTAL = 32767
 
 
-def _direction(direction: Any) -> TransferDirection:
-    try:
-        return TransferDirection(int(direction))
-    except (ValueError, TypeError):
-        raise ValueError(
-            f"direction must be TransferDirection.H2D or TransferDirection.D2H, got {direction!r}"
-        ) from None
-
-
-def _int64_cpu(values: Any) -> torch.Tensor:
-    return torch.as_tensor(values).reshape(-1).to("cpu", torch.int64).contiguous()
-
-
 # -- block-granular transfer ----------------------------------------------------------
-
-
-def _blocks_per_object(chunk: int, block_size: int, skip: int) -> int:
-    if chunk <= 0:
-        raise ValueError(f"lmcache_chunk_size must be positive, got {chunk}")
-    if block_size <= 0 or chunk % block_size:
-        raise ValueError(
-            f"lmcache_chunk_size ({chunk}) must be a positive multiple of "
-            f"shape_desc.bs ({block_size})"
-        )
-    if skip < 0:
-        raise ValueError(f"skip_prefix_n_blocks must be non-negative, got {skip}")
-    return chunk // block_size
 
 
 def _object_tokens(obj: Any, index: int, geom: EngineGeometry, chunk: int) -> tuple[int, int]:
@@ -94,47 +64,41 @@ def _object_tokens(obj: Any, index: int, geom: EngineGeometry, chunk: int) -> tu
 
 def _engine_geometry(paged: Any, spec: Any, shape_desc: Any, device: Any) -> EngineGeometry:
     root = "paged_buffer_ptrs_tensor"
-    if is_pointer_tensor(paged):
-        return geometry_from_pointers(pointer_list(paged), spec, shape_desc, device, root)
+    if plan.is_pointer_tensor(paged):
+        return geometry_from_pointers(plan.pointer_list(paged), spec, shape_desc, device, root)
     return geometry_from_tensors(paged, spec, int(shape_desc.bs), root)
 
 
-def _block_transfer(
-    paged: Any,
-    objects_in: Any,
-    block_ids: Any,
-    device: Any,
-    direction: Any,
+@plan.falls_back_to(torch_ops.multi_layer_block_kv_transfer)
+def multi_layer_block_kv_transfer(
+    paged_buffer_ptrs_tensor: torch.Tensor | list,
+    lmcache_objects_ptrs: list[int] | list[torch.Tensor],
+    block_ids: torch.Tensor | list[int],
+    device: torch.device | str,
+    direction: TransferDirection,
     shape_desc: Any,
-    chunk_size: int,
-    engine_kv_format: Any,
-    skip_blocks: int,
+    lmcache_chunk_size: int,
+    engine_kv_format: EngineKVFormat,
+    skip_prefix_n_blocks: int,
 ) -> None:
-    spec = _format_spec(engine_kv_format)
-    to_engine = _direction(direction) == TransferDirection.H2D
-    skip = int(skip_blocks)
-    chunk = int(chunk_size)
-    bpo = _blocks_per_object(chunk, int(shape_desc.bs), skip)
-    ids = _int64_cpu(block_ids)
-    objects = list(objects_in)
-    total = ids.numel()
-    if total > len(objects) * bpo:
-        raise ValueError(
-            f"{total} block ids need {-(-total // bpo)} LMCache objects of "
-            f"{bpo} blocks, got {len(objects)}"
-        )
+    """Native ``multi_layer_block_kv_transfer``; semantics of the torch baseline."""
+    spec, direction, skip, chunk, bpo, ids, objects = plan.block_transfer_args(
+        lmcache_objects_ptrs,
+        block_ids,
+        direction,
+        shape_desc,
+        lmcache_chunk_size,
+        engine_kv_format,
+        skip_prefix_n_blocks,
+    )
+    to_engine = direction == TransferDirection.H2D
+    plan.check_block_capacity(ids.numel(), bpo, len(objects))
     valid_count, highest, last_slot = _native.block_summary(ids, skip, bpo)
     if valid_count == 0:
         return
-    geom = _engine_geometry(paged, spec, shape_desc, device)
-    if geom.block_size != shape_desc.bs:
-        raise ValueError(
-            f"engine block size {geom.block_size} does not match shape_desc.bs={shape_desc.bs}"
-        )
-    if highest >= geom.num_blocks:
-        raise KVIndexError(
-            f"block id {highest} is out of range for {geom.num_blocks} engine blocks"
-        )
+    geom = _engine_geometry(paged_buffer_ptrs_tensor, spec, shape_desc, device)
+    plan.check_engine_block_size(geom.block_size, shape_desc)
+    plan.check_block_id_range(highest, geom.num_blocks)
 
     num_objects = len(last_slot)
     obj_ptrs: list[int] = []
@@ -145,12 +109,7 @@ def _block_transfer(
             obj_tokens.append(0)
             continue
         ptr, tokens = _object_tokens(objects[index], index, geom, chunk)
-        whole_blocks = tokens // geom.block_size
-        if last_slot[index] >= whole_blocks:
-            raise ValueError(
-                f"LMCache object {index} holds {whole_blocks} blocks; "
-                f"block slot {last_slot[index]} is out of range"
-            )
+        plan.check_block_slot(index, last_slot[index], tokens // geom.block_size, ValueError)
         obj_ptrs.append(ptr)
         obj_tokens.append(tokens)
 
@@ -178,35 +137,6 @@ def _block_transfer(
         )
 
 
-def multi_layer_block_kv_transfer(
-    paged_buffer_ptrs_tensor: torch.Tensor | list,
-    lmcache_objects_ptrs: list[int] | list[torch.Tensor],
-    block_ids: torch.Tensor | list[int],
-    device: torch.device | str,
-    direction: TransferDirection,
-    shape_desc: Any,
-    lmcache_chunk_size: int,
-    engine_kv_format: EngineKVFormat,
-    skip_prefix_n_blocks: int,
-) -> None:
-    """Native ``multi_layer_block_kv_transfer``; semantics of the torch baseline."""
-    args = (
-        paged_buffer_ptrs_tensor,
-        lmcache_objects_ptrs,
-        block_ids,
-        device,
-        direction,
-        shape_desc,
-        lmcache_chunk_size,
-        engine_kv_format,
-        skip_prefix_n_blocks,
-    )
-    try:
-        _block_transfer(*args)
-    except Unsupported:
-        torch_ops.multi_layer_block_kv_transfer(*args)
-
-
 # -- slot-mapped (token-granular) transfers -------------------------------------------
 
 
@@ -219,7 +149,7 @@ def _token_transfer(
     skip: int = 0,
     page_buffer_size: int = 0,
 ) -> None:
-    to_engine = _direction(direction) == TransferDirection.H2D
+    to_engine = plan.validate_direction(direction) == TransferDirection.H2D
     if not isinstance(lmcache_buffer, torch.Tensor) or lmcache_buffer.device.type != "cpu":
         raise Unsupported(f"{arg} is not a host tensor")
     lmc = lmcache_buffer
@@ -235,21 +165,15 @@ def _token_transfer(
         raise Unsupported(str(exc)) from None
     if geom.row_elems > 1 and planes.stride(3) != 1:
         raise ValueError(f"{arg} must be contiguous in its last (hidden) dimension")
-    if skip < 0:
-        raise ValueError(f"skip_prefix_n_tokens must be non-negative, got {skip}")
-    slots = _int64_cpu(slot_mapping)
+    plan.check_skip_tokens(skip)
+    slots = plan.as_int64_cpu(slot_mapping)
     highest, valid_count, last = _native.slot_summary(slots, skip)
     if highest is None:
         return
-    if page_buffer_size > 0 and highest >= page_buffer_size:
-        raise KVIndexError(
-            f"slot {highest} is out of range for page_buffer_size={page_buffer_size}"
-        )
+    plan.check_slot_range(highest, page_buffer_size)
     if valid_count == 0:
         return
-    tokens = planes.shape[2]
-    if last >= tokens:
-        raise ValueError(f"slot_mapping covers {last + 1} tokens, the LMCache buffer {tokens}")
+    plan.check_token_coverage(last, planes.shape[2])
     num_slots = geom.num_blocks * geom.block_size
     if highest >= num_slots:
         raise KVIndexError(f"slot {highest} is out of range for {num_slots} engine slots")
@@ -280,10 +204,6 @@ def _token_transfer(
         )
 
 
-def _layers_of(key_value: torch.Tensor) -> int:
-    return int(key_value.shape[1] if key_value.dim() == 4 else key_value.shape[0])
-
-
 def _token_geometry(
     paged: Any,
     spec: Any,
@@ -294,30 +214,22 @@ def _token_geometry(
     head_size: int,
     block_stride_elems: int,
 ) -> EngineGeometry:
+    """:func:`plan.token_layout` as native geometry."""
     if not (isinstance(paged, torch.Tensor) and paged.dim() == 1):
         return geometry_from_tensors(
             paged, spec, block_size if block_size > 0 else 1, "key_value_ptrs"
         )
-    if (
-        block_stride_elems
-        or not is_pointer_tensor(paged)
-        or not isinstance(key_value, torch.Tensor)
-    ):
-        raise Unsupported("pointer mode the baseline rejects or reinterprets")
-    if spec.hnd and (block_size <= 0 or head_size <= 0):
-        raise Unsupported("HND pointer mode without block_size/head_size")
-    desc = token_shape_desc(
-        spec,
-        _layers_of(key_value),
-        int(key_value.shape[-1]),
-        page_buffer_size,
-        block_size,
-        head_size,
-        key_value.dtype,
+    if not plan.is_pointer_tensor(paged) or not isinstance(key_value, torch.Tensor):
+        raise Unsupported("pointer mode the baseline reinterprets")
+    desc = plan.token_pointer_shape_desc(
+        spec, key_value, page_buffer_size, block_size, head_size, block_stride_elems
     )
-    return geometry_from_pointers(pointer_list(paged), spec, desc, device, "key_value_ptrs")
+    if desc.bs <= 0 or desc.hs <= 0:
+        raise Unsupported("degenerate pointer-mode geometry")
+    return geometry_from_pointers(plan.pointer_list(paged), spec, desc, device, "key_value_ptrs")
 
 
+@plan.falls_back_to(torch_ops.multi_layer_kv_transfer)
 def multi_layer_kv_transfer(
     key_value: torch.Tensor,
     key_value_ptrs: torch.Tensor | list[torch.Tensor],
@@ -332,47 +244,29 @@ def multi_layer_kv_transfer(
     block_stride_elems: int = 0,
 ) -> None:
     """Native ``multi_layer_kv_transfer``; semantics of the torch baseline."""
-    try:
-        spec = _format_spec(engine_kv_format)
-        geom = _token_geometry(
-            key_value_ptrs,
-            spec,
-            key_value,
-            paged_memory_device,
-            page_buffer_size,
-            block_size,
-            head_size,
-            block_stride_elems,
-        )
-        _token_transfer(
-            geom,
-            key_value,
-            "key_value",
-            slot_mapping,
-            direction,
-            int(skip_prefix_n_tokens),
-            int(page_buffer_size),
-        )
-    except Unsupported:
-        torch_ops.multi_layer_kv_transfer(
-            key_value,
-            key_value_ptrs,
-            slot_mapping,
-            paged_memory_device,
-            page_buffer_size,
-            direction,
-            engine_kv_format,
-            block_size,
-            head_size,
-            skip_prefix_n_tokens,
-            block_stride_elems,
-        )
+    spec = plan.format_spec(engine_kv_format)
+    geom = _token_geometry(
+        key_value_ptrs,
+        spec,
+        key_value,
+        paged_memory_device,
+        page_buffer_size,
+        block_size,
+        head_size,
+        block_stride_elems,
+    )
+    _token_transfer(
+        geom,
+        key_value,
+        "key_value",
+        slot_mapping,
+        direction,
+        int(skip_prefix_n_tokens),
+        int(page_buffer_size),
+    )
 
 
-def _as_rows(buffer: torch.Tensor) -> torch.Tensor:
-    return buffer.unsqueeze(1) if buffer.dim() == 2 else buffer.flatten(0, -3)
-
-
+@plan.falls_back_to(torch_ops.multi_layer_kv_transfer_unilateral)
 def multi_layer_kv_transfer_unilateral(
     key_value: torch.Tensor,
     key_value_ptrs: torch.Tensor | list[torch.Tensor],
@@ -383,41 +277,27 @@ def multi_layer_kv_transfer_unilateral(
     engine_kv_format: EngineKVFormat,
 ) -> None:
     """Native ``multi_layer_kv_transfer_unilateral`` (SGLang K list then V list)."""
-    args = (
-        key_value,
-        key_value_ptrs,
-        slot_mapping,
-        paged_memory_device,
-        page_buffer_size,
-        direction,
-        engine_kv_format,
-    )
-    spec = _format_spec(engine_kv_format)
+    spec = plan.format_spec(engine_kv_format)
     if spec.mla:
-        multi_layer_kv_transfer(*args)
+        multi_layer_kv_transfer(
+            key_value,
+            key_value_ptrs,
+            slot_mapping,
+            paged_memory_device,
+            page_buffer_size,
+            direction,
+            engine_kv_format,
+        )
         return
-    try:
-        flat = _format_spec(EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS)
-        paged = key_value_ptrs
-        if not (isinstance(paged, torch.Tensor) and paged.dim() == 1):
-            paged = [_as_rows(t) for t in paged]
-        geom = _token_geometry(
-            paged, flat, key_value, paged_memory_device, page_buffer_size, 1, 0, 0
-        )
-        _token_transfer(
-            geom, key_value, "key_value", slot_mapping, direction, 0, int(page_buffer_size)
-        )
-    except Unsupported:
-        torch_ops.multi_layer_kv_transfer_unilateral(*args)
+    flat = plan.format_spec(EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS)
+    paged = key_value_ptrs
+    if not (isinstance(paged, torch.Tensor) and paged.dim() == 1):
+        paged = [plan.as_token_rows(t) for t in paged]
+    geom = _token_geometry(paged, flat, key_value, paged_memory_device, page_buffer_size, 1, 0, 0)
+    _token_transfer(geom, key_value, "key_value", slot_mapping, direction, 0, int(page_buffer_size))
 
 
-def _single_layer_lmc(lmc: torch.Tensor, kv_size: int, token_major: bool) -> torch.Tensor:
-    if kv_size == 1:
-        return lmc.reshape(1, 1, lmc.shape[-2], lmc.shape[-1]) if lmc.dim() == 2 else lmc
-    planes = lmc.transpose(0, 1) if token_major else lmc
-    return planes.unsqueeze(1)
-
-
+@plan.falls_back_to(torch_ops.single_layer_kv_transfer)
 def single_layer_kv_transfer(
     lmc_key_value_cache: torch.Tensor,
     vllm_key_value_cache: Any,
@@ -427,24 +307,14 @@ def single_layer_kv_transfer(
     token_major: bool = False,
 ) -> None:
     """Native ``single_layer_kv_transfer``; semantics of the torch baseline."""
-    try:
-        spec = _format_spec(engine_kv_format)
-        if spec.container not in ("layers", "layer_tuples"):
-            raise Unsupported("not a per-layer format")
-        if not isinstance(lmc_key_value_cache, torch.Tensor):
-            raise Unsupported("lmc_key_value_cache is not a tensor")
-        geom = geometry_from_tensors([vllm_key_value_cache], spec, 1, "vllm_key_value_cache")
-        lmc = _single_layer_lmc(lmc_key_value_cache, spec.kv_size, token_major)
-        _token_transfer(geom, lmc, "lmc_key_value_cache", slot_mapping, direction)
-    except Unsupported:
-        torch_ops.single_layer_kv_transfer(
-            lmc_key_value_cache,
-            vllm_key_value_cache,
-            slot_mapping,
-            direction,
-            engine_kv_format,
-            token_major,
-        )
+    spec = plan.format_spec(engine_kv_format)
+    if spec.container not in ("layers", "layer_tuples"):
+        raise Unsupported("not a per-layer format")
+    if not isinstance(lmc_key_value_cache, torch.Tensor):
+        raise Unsupported("lmc_key_value_cache is not a tensor")
+    geom = geometry_from_tensors([vllm_key_value_cache], spec, 1, "vllm_key_value_cache")
+    lmc = plan.single_layer_lmcache_view(lmc_key_value_cache, spec.kv_size, token_major)
+    _token_transfer(geom, lmc, "lmc_key_value_cache", slot_mapping, direction)
 
 
 def _separate_kv_geometry(
@@ -452,19 +322,15 @@ def _separate_kv_geometry(
 ) -> EngineGeometry:
     if not isinstance(key_cache, torch.Tensor):
         raise Unsupported(f"{key_arg} is not a tensor")
-    fmt = (
-        EngineKVFormat.TWO_X_NL_X_NB_BS_NH_HS
-        if key_cache.dim() == 4
-        else EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS
-    )
-    spec = _format_spec(fmt)
     items = [
         (tensor_buf(key_cache, key_arg), 0, 0, 0),
         (tensor_buf(value_cache, value_arg), 1, 0, 0),
     ]
+    spec = plan.separate_kv_spec(key_cache)
     return geometry_from_bufs(items, spec, 1, f"{key_arg}/{value_arg}")
 
 
+@plan.falls_back_to(torch_ops.single_layer_kv_transfer_sgl)
 def single_layer_kv_transfer_sgl(
     lmc_key_value_cache: torch.Tensor,
     sgl_key_cache: torch.Tensor,
@@ -474,23 +340,11 @@ def single_layer_kv_transfer_sgl(
     token_major: bool = False,
 ) -> None:
     """Native ``single_layer_kv_transfer_sgl``; semantics of the torch baseline."""
-    try:
-        geom = _separate_kv_geometry(
-            sgl_key_cache, sgl_value_cache, "sgl_key_cache", "sgl_value_cache"
-        )
-        if not isinstance(lmc_key_value_cache, torch.Tensor):
-            raise Unsupported("lmc_key_value_cache is not a tensor")
-        lmc = _single_layer_lmc(lmc_key_value_cache, 2, token_major)
-        _token_transfer(geom, lmc, "lmc_key_value_cache", slot_mapping, direction)
-    except Unsupported:
-        torch_ops.single_layer_kv_transfer_sgl(
-            lmc_key_value_cache,
-            sgl_key_cache,
-            sgl_value_cache,
-            slot_mapping,
-            direction,
-            token_major,
-        )
+    geom = _separate_kv_geometry(sgl_key_cache, sgl_value_cache, "sgl_key_cache", "sgl_value_cache")
+    if not isinstance(lmc_key_value_cache, torch.Tensor):
+        raise Unsupported("lmc_key_value_cache is not a tensor")
+    lmc = plan.single_layer_lmcache_view(lmc_key_value_cache, 2, token_major)
+    _token_transfer(geom, lmc, "lmc_key_value_cache", slot_mapping, direction)
 
 
 def _flash_layer(
@@ -508,6 +362,7 @@ def _flash_layer(
     _token_transfer(geom, lmc, "key_value", slot_mapping, direction)
 
 
+@plan.falls_back_to(torch_ops.load_and_reshape_flash)
 def load_and_reshape_flash(
     key_value: torch.Tensor,
     key_cache: torch.Tensor,
@@ -516,14 +371,10 @@ def load_and_reshape_flash(
     layer_idx: int,
 ) -> None:
     """Native ``load_and_reshape_flash`` (engine flash caches -> one layer of key_value)."""
-    try:
-        _flash_layer(
-            key_value, key_cache, value_cache, slot_mapping, layer_idx, TransferDirection.D2H
-        )
-    except Unsupported:
-        torch_ops.load_and_reshape_flash(key_value, key_cache, value_cache, slot_mapping, layer_idx)
+    _flash_layer(key_value, key_cache, value_cache, slot_mapping, layer_idx, TransferDirection.D2H)
 
 
+@plan.falls_back_to(torch_ops.reshape_and_cache_back_flash)
 def reshape_and_cache_back_flash(
     key_value: torch.Tensor,
     key_cache: torch.Tensor,
@@ -532,14 +383,7 @@ def reshape_and_cache_back_flash(
     layer_idx: int,
 ) -> None:
     """Native ``reshape_and_cache_back_flash`` (one layer of key_value -> flash caches)."""
-    try:
-        _flash_layer(
-            key_value, key_cache, value_cache, slot_mapping, layer_idx, TransferDirection.H2D
-        )
-    except Unsupported:
-        torch_ops.reshape_and_cache_back_flash(
-            key_value, key_cache, value_cache, slot_mapping, layer_idx
-        )
+    _flash_layer(key_value, key_cache, value_cache, slot_mapping, layer_idx, TransferDirection.H2D)
 
 
 # -- raw copies -----------------------------------------------------------------------
@@ -550,14 +394,11 @@ def _host_address(buffer: Any, nbytes: int, arg: str) -> int:
         return int(buffer)
     if buffer.device.type != "cpu":
         raise Unsupported(f"{arg} is on {buffer.device}")
-    if not buffer.is_contiguous():
-        raise ValueError(f"lmcache_memcpy_async needs contiguous tensors ({arg} is not)")
-    held = buffer.numel() * buffer.element_size()
-    if held < nbytes:
-        raise ValueError(f"tensor holds {held} bytes, {nbytes} requested")
+    plan.check_copy_tensor(buffer, nbytes, arg)
     return buffer.data_ptr()
 
 
+@plan.falls_back_to(torch_ops.lmcache_memcpy_async)
 def lmcache_memcpy_async(
     dest: int | torch.Tensor,
     src: int | torch.Tensor,
@@ -572,19 +413,11 @@ def lmcache_memcpy_async(
     Like the baseline on CPU, the copy has completed when the call returns; the host buffer
     offset and alignment only matter to device runtimes and are ignored.
     """
-    _direction(direction)
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    plan.check_memcpy_args(direction, nbytes)
     if nbytes == 0:
         return
-    try:
-        dst_ptr = _host_address(dest, nbytes, "dest")
-        src_ptr = _host_address(src, nbytes, "src")
-    except Unsupported:
-        torch_ops.lmcache_memcpy_async(
-            dest, src, nbytes, direction, host_buffer_offset, host_buffer_alignments
-        )
-        return
+    dst_ptr = _host_address(dest, nbytes, "dest")
+    src_ptr = _host_address(src, nbytes, "src")
     _native.memcpy(dst_ptr, src_ptr, int(nbytes))
 
 

@@ -1,11 +1,12 @@
 """Python faces of the CUDA kernels, with the exact ``torch_ops`` call signatures.
 
-Each wrapper runs the torch baseline's own argument checks (same helpers, so the same
-exceptions and messages), builds copy plans (:mod:`lmcache_cuda._plan`) and launches the
-native ``kv_copy`` on the caller's current CUDA stream. Inputs the native path does not
-model -- host-only engine buffers, pageable host LMCache buffers the GPU cannot address,
-a non-contiguous head dimension -- go to the matching ``lmcache.v1.platform.torch_ops``
-function with the original arguments, before anything has been written.
+Each wrapper runs the torch baseline's own argument checks (the shared helpers of
+:mod:`lmcache.v1.platform.torch_ops.plan`, so the same exceptions and messages), builds
+copy plans (:mod:`lmcache_cuda._plan`) and launches the native ``kv_copy`` on the caller's
+current CUDA stream. Inputs the native path does not model -- host-only engine buffers,
+pageable host LMCache buffers the GPU cannot address, a non-contiguous head dimension --
+raise ``Unsupported`` and go to the matching ``lmcache.v1.platform.torch_ops`` function
+with the original arguments (``plan.falls_back_to``), before anything has been written.
 
 Native launches are asynchronous on the current stream (the baseline finishes before it
 returns); callers order later work with stream events, as on upstream's CUDA backend.
@@ -25,9 +26,8 @@ from lmcache.v1.platform.ops_types import (
     PageBufferShapeDesc,
     TransferDirection,
 )
-from lmcache.v1.platform.torch_ops import _kv_format as kvf
-from lmcache.v1.platform.torch_ops import mem_kernels as tok
-from lmcache.v1.platform.torch_ops import mp_mem_kernels as blk
+from lmcache.v1.platform.torch_ops import plan as shared
+from lmcache.v1.platform.torch_ops.plan import PagedLayout
 from lmcache_cuda._device_mem import device_tensor
 from lmcache_cuda._plan import (
     CopyPlan,
@@ -61,33 +61,30 @@ def _cuda_device(device: Any) -> torch.device:
 
 def _device_pointer_layout(
     pointers: Sequence[int], spec: Any, desc: Any, device: Any
-) -> kvf.PagedLayout:
+) -> PagedLayout:
     """The baseline's pointer reconstruction (host-only there), over device memory."""
     _cuda_device(device)
-    dtype = kvf._infer_kv_dtype(desc)
-    planes = kvf._pointer_count(spec, len(pointers), int(desc.nl))
-    shape, strides = kvf._pointer_tensor_geometry(
+    dtype = shared.infer_kv_dtype(desc)
+    planes = shared.pointer_count(spec, len(pointers), int(desc.nl))
+    shape, strides = shared.pointer_tensor_geometry(
         spec, desc, planes if spec.tuple_axis == "HS" else 1
     )
     if any(_native.pointer_device(int(p)) < 0 for p in pointers):
         raise Unsupported("engine buffer pointers are not device memory")
     views = [device_tensor(int(p), shape, strides, dtype) for p in pointers]
-    paged = kvf._pointer_container(spec, views, int(desc.nl))
-    return kvf.paged_layout_from_tensors(paged, spec, int(desc.bs))
+    paged = shared.pointer_container(spec, views, int(desc.nl))
+    return shared.paged_layout_from_tensors(paged, spec, int(desc.bs))
 
 
-def _is_pointer_tensor(paged: Any) -> bool:
-    return (
-        isinstance(paged, torch.Tensor)
-        and paged.dim() == 1
-        and paged.dtype in (torch.int64, torch.uint64)
-    )
+def _device_pointers(paged: Any, device: Any) -> bool:
+    """True for a pointer tensor whose buffers live on a CUDA device."""
+    return shared.is_pointer_tensor(paged) and torch.device(device).type == "cuda"
 
 
-def _engine_layout(paged: Any, spec: Any, desc: Any, device: Any) -> kvf.PagedLayout:
-    if _is_pointer_tensor(paged) and torch.device(device).type == "cuda":
-        return _device_pointer_layout([int(p) for p in paged.tolist()], spec, desc, device)
-    return kvf.paged_layout(paged, spec, desc, device)
+def _engine_layout(paged: Any, spec: Any, desc: Any, device: Any) -> PagedLayout:
+    if _device_pointers(paged, device):
+        return _device_pointer_layout(shared.pointer_list(paged), spec, desc, device)
+    return shared.paged_layout(paged, spec, desc, device)
 
 
 def execute(plans: Sequence[CopyPlan], device: torch.device) -> None:
@@ -118,6 +115,7 @@ def execute(plans: Sequence[CopyPlan], device: torch.device) -> None:
 # -- block-granular transfer ----------------------------------------------------------
 
 
+@shared.falls_back_to(torch_ops.multi_layer_block_kv_transfer)
 def multi_layer_block_kv_transfer(
     paged_buffer_ptrs_tensor: torch.Tensor | list,
     lmcache_objects_ptrs: list[int] | list[torch.Tensor],
@@ -130,7 +128,8 @@ def multi_layer_block_kv_transfer(
     skip_prefix_n_blocks: int,
 ) -> None:
     """Native ``multi_layer_block_kv_transfer``: semantics of the torch baseline."""
-    args = (
+    dev = _cuda_device(device)
+    plans = plan_block_transfer(
         paged_buffer_ptrs_tensor,
         lmcache_objects_ptrs,
         block_ids,
@@ -140,18 +139,10 @@ def multi_layer_block_kv_transfer(
         lmcache_chunk_size,
         engine_kv_format,
         skip_prefix_n_blocks,
+        address_of=_device_address,
+        check_view=_require_cuda_view,
+        layout_of=_engine_layout,
     )
-    try:
-        dev = _cuda_device(device)
-        plans = plan_block_transfer(
-            *args,
-            address_of=_device_address,
-            check_view=_require_cuda_view,
-            layout_of=_engine_layout,
-        )
-    except Unsupported:
-        torch_ops.multi_layer_block_kv_transfer(*args)
-        return
     execute(plans, dev)
 
 
@@ -159,7 +150,7 @@ def multi_layer_block_kv_transfer(
 
 
 def _native_token_transfer(
-    layout: kvf.PagedLayout,
+    layout: PagedLayout,
     lmcache_buffer: torch.Tensor,
     slot_mapping: Any,
     direction: Any,
@@ -190,10 +181,10 @@ def _device_token_layout(
     block_size: int,
     head_size: int,
     block_stride_elems: int,
-) -> kvf.PagedLayout:
-    """The baseline's ``_token_layout``, with device pointers allowed."""
-    if not (_is_pointer_tensor(paged) and torch.device(device).type == "cuda"):
-        return tok._token_layout(
+) -> PagedLayout:
+    """The baseline's ``plan.token_layout``, with device pointers allowed."""
+    if not _device_pointers(paged, device):
+        return shared.token_layout(
             paged,
             spec,
             key_value,
@@ -203,27 +194,13 @@ def _device_token_layout(
             head_size,
             block_stride_elems,
         )
-    if block_stride_elems:
-        raise ValueError("non-tight page pools (block_stride_elems) need tensor inputs")
-    if spec.hnd and (block_size <= 0 or head_size <= 0):
-        raise ValueError(
-            f"{spec.engine_kv_format.name}: pointer mode needs block_size and head_size"
-        )
-    hidden = key_value.shape[-1]
-    bs = block_size if block_size > 0 else page_buffer_size
-    hs = head_size if head_size > 0 and not spec.mla else hidden
-    desc = PageBufferShapeDesc(
-        kv_size=spec.kv_size,
-        nl=tok._layer_planes(key_value).shape[1],
-        nb=page_buffer_size // bs,
-        bs=bs,
-        nh=hidden // hs,
-        hs=hs,
-        dtype=key_value.dtype,
+    desc = shared.token_pointer_shape_desc(
+        spec, key_value, page_buffer_size, block_size, head_size, block_stride_elems
     )
-    return _device_pointer_layout([int(p) for p in paged.tolist()], spec, desc, device)
+    return _device_pointer_layout(shared.pointer_list(paged), spec, desc, device)
 
 
+@shared.falls_back_to(torch_ops.multi_layer_kv_transfer)
 def multi_layer_kv_transfer(
     key_value: torch.Tensor,
     key_value_ptrs: torch.Tensor | list[torch.Tensor],
@@ -238,37 +215,23 @@ def multi_layer_kv_transfer(
     block_stride_elems: int = 0,
 ) -> None:
     """Native ``multi_layer_kv_transfer`` (slot-mapped gather/scatter over every layer)."""
-    try:
-        spec = kvf._format_spec(engine_kv_format)
-        layout = _device_token_layout(
-            key_value_ptrs,
-            spec,
-            key_value,
-            paged_memory_device,
-            page_buffer_size,
-            block_size,
-            head_size,
-            block_stride_elems,
-        )
-        _native_token_transfer(
-            layout, key_value, slot_mapping, direction, skip_prefix_n_tokens, page_buffer_size
-        )
-    except Unsupported:
-        torch_ops.multi_layer_kv_transfer(
-            key_value,
-            key_value_ptrs,
-            slot_mapping,
-            paged_memory_device,
-            page_buffer_size,
-            direction,
-            engine_kv_format,
-            block_size,
-            head_size,
-            skip_prefix_n_tokens,
-            block_stride_elems,
-        )
+    spec = shared.format_spec(engine_kv_format)
+    layout = _device_token_layout(
+        key_value_ptrs,
+        spec,
+        key_value,
+        paged_memory_device,
+        page_buffer_size,
+        block_size,
+        head_size,
+        block_stride_elems,
+    )
+    _native_token_transfer(
+        layout, key_value, slot_mapping, direction, skip_prefix_n_tokens, page_buffer_size
+    )
 
 
+@shared.falls_back_to(torch_ops.multi_layer_kv_transfer_unilateral)
 def multi_layer_kv_transfer_unilateral(
     key_value: torch.Tensor,
     key_value_ptrs: torch.Tensor | list[torch.Tensor],
@@ -279,32 +242,29 @@ def multi_layer_kv_transfer_unilateral(
     engine_kv_format: EngineKVFormat,
 ) -> None:
     """Native ``multi_layer_kv_transfer_unilateral`` (SGLang K list then V list)."""
-    args = (
-        key_value,
-        key_value_ptrs,
-        slot_mapping,
-        paged_memory_device,
-        page_buffer_size,
-        direction,
-        engine_kv_format,
-    )
-    spec = kvf._format_spec(engine_kv_format)
+    spec = shared.format_spec(engine_kv_format)
     if spec.mla:
-        multi_layer_kv_transfer(*args)
-        return
-    try:
-        flat = kvf._format_spec(EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS)
-        paged = key_value_ptrs
-        if not _is_pointer_tensor(paged):
-            paged = [tok._as_rows(t) for t in paged]
-        layout = _device_token_layout(
-            paged, flat, key_value, paged_memory_device, page_buffer_size, 1, 0, 0
+        multi_layer_kv_transfer(
+            key_value,
+            key_value_ptrs,
+            slot_mapping,
+            paged_memory_device,
+            page_buffer_size,
+            direction,
+            engine_kv_format,
         )
-        _native_token_transfer(layout, key_value, slot_mapping, direction, 0, page_buffer_size)
-    except Unsupported:
-        torch_ops.multi_layer_kv_transfer_unilateral(*args)
+        return
+    flat = shared.format_spec(EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS)
+    paged = key_value_ptrs
+    if not shared.is_pointer_tensor(paged):
+        paged = [shared.as_token_rows(t) for t in paged]
+    layout = _device_token_layout(
+        paged, flat, key_value, paged_memory_device, page_buffer_size, 1, 0, 0
+    )
+    _native_token_transfer(layout, key_value, slot_mapping, direction, 0, page_buffer_size)
 
 
+@shared.falls_back_to(torch_ops.single_layer_kv_transfer)
 def single_layer_kv_transfer(
     lmc_key_value_cache: torch.Tensor,
     vllm_key_value_cache: Any,
@@ -314,24 +274,15 @@ def single_layer_kv_transfer(
     token_major: bool = False,
 ) -> None:
     """Native ``single_layer_kv_transfer``; semantics of the torch baseline."""
-    try:
-        spec = kvf._format_spec(engine_kv_format)
-        if spec.container not in ("layers", "layer_tuples"):
-            raise Unsupported("not a per-layer format")  # the baseline raises its error
-        layout = kvf.paged_layout_from_tensors([vllm_key_value_cache], spec, 1)
-        lmc = tok._single_layer_lmc(lmc_key_value_cache, spec.kv_size, token_major)
-        _native_token_transfer(layout, lmc, slot_mapping, direction)
-    except Unsupported:
-        torch_ops.single_layer_kv_transfer(
-            lmc_key_value_cache,
-            vllm_key_value_cache,
-            slot_mapping,
-            direction,
-            engine_kv_format,
-            token_major,
-        )
+    spec = shared.format_spec(engine_kv_format)
+    if spec.container not in ("layers", "layer_tuples"):
+        raise Unsupported("not a per-layer format")  # the baseline raises its error
+    layout = shared.paged_layout_from_tensors([vllm_key_value_cache], spec, 1)
+    lmc = shared.single_layer_lmcache_view(lmc_key_value_cache, spec.kv_size, token_major)
+    _native_token_transfer(layout, lmc, slot_mapping, direction)
 
 
+@shared.falls_back_to(torch_ops.single_layer_kv_transfer_sgl)
 def single_layer_kv_transfer_sgl(
     lmc_key_value_cache: torch.Tensor,
     sgl_key_cache: torch.Tensor,
@@ -341,21 +292,25 @@ def single_layer_kv_transfer_sgl(
     token_major: bool = False,
 ) -> None:
     """Native ``single_layer_kv_transfer_sgl`` (separate K and V caches)."""
-    try:
-        layout = tok._separate_kv_layout(sgl_key_cache, sgl_value_cache)
-        lmc = tok._single_layer_lmc(lmc_key_value_cache, 2, token_major)
-        _native_token_transfer(layout, lmc, slot_mapping, direction)
-    except Unsupported:
-        torch_ops.single_layer_kv_transfer_sgl(
-            lmc_key_value_cache,
-            sgl_key_cache,
-            sgl_value_cache,
-            slot_mapping,
-            direction,
-            token_major,
-        )
+    layout = shared.separate_kv_layout(sgl_key_cache, sgl_value_cache)
+    lmc = shared.single_layer_lmcache_view(lmc_key_value_cache, 2, token_major)
+    _native_token_transfer(layout, lmc, slot_mapping, direction)
 
 
+def _flash_layer(
+    key_value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layer_idx: int,
+    direction: TransferDirection,
+) -> None:
+    layout = shared.separate_kv_layout(key_cache, value_cache)
+    lmc = key_value[:, layer_idx : layer_idx + 1]
+    _native_token_transfer(layout, lmc, slot_mapping, direction)
+
+
+@shared.falls_back_to(torch_ops.load_and_reshape_flash)
 def load_and_reshape_flash(
     key_value: torch.Tensor,
     key_cache: torch.Tensor,
@@ -364,14 +319,10 @@ def load_and_reshape_flash(
     layer_idx: int,
 ) -> None:
     """Native ``load_and_reshape_flash`` (extract one layer into ``key_value``)."""
-    try:
-        layout = tok._separate_kv_layout(key_cache, value_cache)
-        lmc = key_value[:, layer_idx : layer_idx + 1]
-        _native_token_transfer(layout, lmc, slot_mapping, TransferDirection.D2H)
-    except Unsupported:
-        torch_ops.load_and_reshape_flash(key_value, key_cache, value_cache, slot_mapping, layer_idx)
+    _flash_layer(key_value, key_cache, value_cache, slot_mapping, layer_idx, TransferDirection.D2H)
 
 
+@shared.falls_back_to(torch_ops.reshape_and_cache_back_flash)
 def reshape_and_cache_back_flash(
     key_value: torch.Tensor,
     key_cache: torch.Tensor,
@@ -380,14 +331,7 @@ def reshape_and_cache_back_flash(
     layer_idx: int,
 ) -> None:
     """Native ``reshape_and_cache_back_flash`` (scatter one layer back)."""
-    try:
-        layout = tok._separate_kv_layout(key_cache, value_cache)
-        lmc = key_value[:, layer_idx : layer_idx + 1]
-        _native_token_transfer(layout, lmc, slot_mapping, TransferDirection.H2D)
-    except Unsupported:
-        torch_ops.reshape_and_cache_back_flash(
-            key_value, key_cache, value_cache, slot_mapping, layer_idx
-        )
+    _flash_layer(key_value, key_cache, value_cache, slot_mapping, layer_idx, TransferDirection.H2D)
 
 
 # -- raw memcpy -----------------------------------------------------------------------
@@ -396,11 +340,7 @@ def reshape_and_cache_back_flash(
 def _address_and_device(buffer: int | torch.Tensor, nbytes: int) -> tuple[int, int | None]:
     if not isinstance(buffer, torch.Tensor):
         return int(buffer), None
-    if not buffer.is_contiguous():
-        raise ValueError("lmcache_memcpy_async needs contiguous tensors")
-    held = buffer.numel() * buffer.element_size()
-    if held < nbytes:
-        raise ValueError(f"tensor holds {held} bytes, {nbytes} requested")
+    shared.check_copy_tensor(buffer, nbytes)
     index = buffer.device.index if buffer.device.type == "cuda" else None
     return buffer.data_ptr(), index
 
@@ -420,9 +360,7 @@ def lmcache_memcpy_async(
     ``host_buffer_alignments``-byte segments starting at allocator offset
     ``host_buffer_offset``; no single copy crosses a segment boundary. Positional only.
     """
-    direction = blk._validate_direction(direction)
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    direction = shared.check_memcpy_args(direction, nbytes)
     if nbytes == 0:
         return
     host_tensors = [

@@ -1,7 +1,7 @@
 """Copy plans: the numbers one native ``kv_copy`` launch needs, derived from torch views.
 
 The torch baseline already turns every ``EngineKVFormat`` into canonical views ``[KV, NL,
-NB, BS, NH, HS]`` (``torch_ops._kv_format``) and every LMCache buffer into ``[KV, NL, T, NH,
+NB, BS, NH, HS]`` (``torch_ops.plan``) and every LMCache buffer into ``[KV, NL, T, NH,
 HW]``. A plan reads base addresses and byte strides off those views, so the kernel needs no
 per-format code and the argument checks (and their messages) stay the baseline's.
 
@@ -18,10 +18,20 @@ from typing import Any
 import torch
 
 from lmcache.v1.platform.ops_types import PageBufferShapeDesc, TransferDirection
-from lmcache.v1.platform.torch_ops import _kv_format as kvf
-from lmcache.v1.platform.torch_ops import mem_kernels as tok
-from lmcache.v1.platform.torch_ops import mp_mem_kernels as blk
-from lmcache.v1.platform.torch_ops._kv_format import PagedLayout, canonical_object
+from lmcache.v1.platform.torch_ops import plan as shared
+from lmcache.v1.platform.torch_ops.plan import PagedLayout, Unsupported, canonical_object
+
+__all__ = [
+    "CopyPlan",
+    "ObjectView",
+    "Unsupported",
+    "engine_plans",
+    "object_view",
+    "plan_block_transfer",
+    "plan_token_transfer",
+    "tensor_object_view",
+    "uniform_object_strides",
+]
 
 AddressFn = Callable[[int], int]
 ViewCheck = Callable[[torch.Tensor], None]
@@ -30,10 +40,6 @@ ViewCheck = Callable[[torch.Tensor], None]
 _BYTES_PER_CTA = 16384
 _MAX_ITEMS_PER_CTA = 64
 _VEC_SIZES = (16, 8, 4, 2)
-
-
-class Unsupported(Exception):
-    """The native path does not model this input; the caller defers to the torch baseline."""
 
 
 @dataclass
@@ -174,25 +180,19 @@ def plan_block_transfer(
     *,
     address_of: AddressFn,
     check_view: ViewCheck,
-    layout_of: Callable[..., kvf.PagedLayout] = kvf.paged_layout,
+    layout_of: Callable[..., PagedLayout] = shared.paged_layout,
 ) -> list[CopyPlan]:
     """Plans for ``multi_layer_block_kv_transfer``; checks exactly as the baseline does."""
-    spec = kvf._format_spec(engine_kv_format)
-    to_engine = blk._validate_direction(direction) == TransferDirection.H2D
-    skip = int(skip_blocks)
-    chunk = int(chunk_size)
-    bpo = blk._validate_block_args(chunk, int(shape_desc.bs), skip)
-    ids = blk._as_block_ids(block_ids)
-    objects = list(objects_in)
-    runs = list(blk._valid_block_range(ids, bpo, skip, len(objects)))
+    spec, checked, skip, chunk, bpo, ids, objects = shared.block_transfer_args(
+        objects_in, block_ids, direction, shape_desc, chunk_size, engine_kv_format, skip_blocks
+    )
+    to_engine = checked == TransferDirection.H2D
+    runs = list(shared.block_runs(ids, bpo, skip, len(objects)))
     if not runs:
         return []
     layout = layout_of(paged, spec, shape_desc, device)
-    if layout.block_size != shape_desc.bs:
-        raise ValueError(
-            f"engine block size {layout.block_size} does not match shape_desc.bs={shape_desc.bs}"
-        )
-    blk._check_block_ids(runs, layout.num_blocks)
+    shared.check_engine_block_size(layout.block_size, shape_desc)
+    shared.check_block_runs(runs, layout.num_blocks)
     plans = engine_plans(layout, check_view)
     bs = layout.block_size
 
@@ -206,12 +206,7 @@ def plan_block_transfer(
             if isinstance(slots, slice)
             else slots.to(torch.int64)
         )
-        last_slot = int(slot_ids.max())
-        if last_slot >= whole_blocks:
-            raise ValueError(
-                f"LMCache object {obj_index} holds {whole_blocks} blocks; "
-                f"block slot {last_slot} is out of range"
-            )
+        shared.check_block_slot(obj_index, int(slot_ids.max()), whole_blocks, ValueError)
         views.append(view)
         count = slot_ids.numel()
         columns.append(
@@ -239,7 +234,7 @@ def plan_block_transfer(
 
 
 def plan_token_transfer(
-    layout: kvf.PagedLayout,
+    layout: PagedLayout,
     lmcache_buffer: torch.Tensor,
     slot_mapping: Any,
     direction: Any,
@@ -250,9 +245,9 @@ def plan_token_transfer(
     check_view: ViewCheck,
 ) -> list[CopyPlan]:
     """Plans for the baseline's shared token path (``mem_kernels._transfer_tokens``)."""
-    to_engine = blk._validate_direction(direction) == TransferDirection.H2D
-    lmc = kvf.canonical_object(lmcache_buffer, layout)
-    positions, slots = tok._selected_tokens(slot_mapping, skip, page_buffer_size)
+    to_engine = shared.validate_direction(direction) == TransferDirection.H2D
+    lmc = canonical_object(lmcache_buffer, layout)
+    positions, slots = shared.selected_tokens(slot_mapping, skip, page_buffer_size)
     if slots.numel() == 0:
         return []
     pos = (
@@ -260,11 +255,7 @@ def plan_token_transfer(
         if isinstance(positions, slice)
         else positions.to(torch.int64)
     )
-    last = int(pos.max())
-    if last >= lmc.shape[2]:
-        raise ValueError(
-            f"slot_mapping covers {last + 1} tokens, the LMCache buffer {lmc.shape[2]}"
-        )
+    shared.check_token_coverage(int(pos.max()), lmc.shape[2])
     plans = engine_plans(layout, check_view)
     view = tensor_object_view(lmc, address_of)
     blocks, offsets = slots // layout.block_size, slots % layout.block_size

@@ -5,20 +5,21 @@ Each format is one :class:`KVFormatSpec` record: how the engine hands over its b
 transfer kernels never branch on a format: they turn the engine's buffers into *parts*, each a
 view with the canonical axes ``[KV, NL, NB, BS, NH, HS]``, plus the slice of the LMCache
 object (canonical ``[KV, NL, T, NH, HS]``) that the part maps to.
+
+Engine buffers given as raw pointers are rebuilt into tensors by
+:mod:`lmcache.v1.platform.torch_ops.plan`, which also re-exports this module's public
+pieces for backends.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
-from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
-from lmcache.v1.platform.torch_ops._tensor_from_ptr import _host_bytes
+from lmcache.v1.platform.ops_types import EngineKVFormat
 
 __all__ = ["KVFormatSpec", "_format_spec"]
 
@@ -229,10 +230,12 @@ def _canonical_view(tensor: torch.Tensor, spec: KVFormatSpec, block_size: int) -
     return tensor.permute([names.index(a) for a in CANONICAL_AXES])
 
 
-def _engine_tensors(paged: Any, spec: KVFormatSpec) -> list[tuple[torch.Tensor, int, int, int]]:
+def _engine_tensors(paged: Any, spec: KVFormatSpec) -> list[tuple[Any, int, int, int]]:
     """Flatten the engine container into ``(tensor, kv_index, layer_index, plane_index)``.
 
-    An index of -1 means the tensor spans that whole axis.
+    An index of -1 means the tensor spans that whole axis. Elements are passed through
+    untouched, so backends flatten their own buffer descriptions with it too (public as
+    ``plan.flatten_engine_buffers``).
     """
     if spec.container == "cross":
         tensor = paged[0] if isinstance(paged, (list, tuple)) else paged
@@ -348,146 +351,6 @@ def paged_layout_from_tensors(paged: Any, spec: KVFormatSpec, block_size: int) -
                 f"{spec.engine_kv_format.name}: engine buffers disagree in shape or dtype"
             )
     return layout
-
-
-# --------------------------------------------------------------------------------------
-# Engine side from raw pointers
-# --------------------------------------------------------------------------------------
-
-_ELEMENT_SIZE_DTYPES = {1: torch.uint8, 2: torch.float16, 4: torch.float32}
-
-
-def _infer_kv_dtype(shape_desc: PageBufferShapeDesc) -> torch.dtype:
-    """The dtype of raw-pointer buffers: ``shape_desc.dtype``, else by ``element_size``."""
-    dtype = shape_desc.dtype
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str) and dtype:
-        candidate = getattr(torch, dtype.removeprefix("torch."), None)
-        if isinstance(candidate, torch.dtype):
-            return candidate
-    try:
-        return _ELEMENT_SIZE_DTYPES[int(shape_desc.element_size)]
-    except KeyError:
-        raise ValueError(
-            f"cannot infer the KV dtype: shape_desc.dtype={dtype!r}, "
-            f"element_size={shape_desc.element_size!r}"
-        ) from None
-
-
-def _pointer_tensor_geometry(
-    spec: KVFormatSpec, desc: PageBufferShapeDesc, planes: int
-) -> tuple[list[int], list[int]]:
-    """Shape and element strides of one engine tensor rebuilt from ``shape_desc``."""
-    sizes = {
-        "KV": 2,
-        "NL": desc.nl,
-        "NB": desc.nb,
-        "BS": desc.bs,
-        "PBS": desc.nb * desc.bs,
-        "NH": desc.nh,
-        "HS": desc.hs // planes,
-        "ONE": 1,
-    }
-    shape = [int(sizes[name]) for name in spec.dims]
-    if min(shape) <= 0:
-        raise ValueError(f"{spec.engine_kv_format.name}: shape_desc gives shape {shape}")
-    strides = [1] * len(shape)
-    for axis in range(len(shape) - 2, -1, -1):
-        strides[axis] = strides[axis + 1] * shape[axis + 1]
-    block_stride = int(desc.block_stride_elems)
-    if block_stride and "NB" in spec.dims:
-        nb_axis = spec.dims.index("NB")
-        if block_stride < strides[nb_axis]:
-            raise ValueError(
-                f"shape_desc.block_stride_elems={block_stride} is smaller than one block "
-                f"({strides[nb_axis]} elements)"
-            )
-        strides[nb_axis] = block_stride
-        for axis in range(nb_axis - 1, -1, -1):
-            strides[axis] = strides[axis + 1] * shape[axis + 1]
-    elif block_stride and block_stride != math.prod(shape[1:]):
-        raise ValueError(f"{spec.engine_kv_format.name}: non-tight block stride unsupported")
-    return shape, strides
-
-
-def _pointer_container(spec: KVFormatSpec, views: list[torch.Tensor], num_layers: int) -> Any:
-    """Arrange tensors rebuilt from pointers the way the format's container expects."""
-    if spec.container in ("cross", "layers", "kv_layers"):
-        return views
-    per_layer = len(views) // num_layers
-    return [tuple(views[i * per_layer : (i + 1) * per_layer]) for i in range(num_layers)]
-
-
-def _pointer_count(spec: KVFormatSpec, num_pointers: int, num_layers: int) -> int:
-    """Tensors per pointer group (planes per layer for tuple layouts), validated."""
-    expected = {"cross": 1, "layers": num_layers, "kv_layers": 2 * num_layers}
-    if spec.container in expected:
-        if num_pointers != expected[spec.container]:
-            raise ValueError(
-                f"{spec.engine_kv_format.name}: expected {expected[spec.container]} buffer "
-                f"pointers (shape_desc.nl={num_layers}), got {num_pointers}"
-            )
-        return 1
-    if num_layers <= 0 or num_pointers % num_layers:
-        raise ValueError(
-            f"{spec.engine_kv_format.name}: {num_pointers} pointers do not split into "
-            f"shape_desc.nl={num_layers} layers"
-        )
-    return num_pointers // num_layers
-
-
-def paged_layout_from_pointers(
-    pointers: Sequence[int],
-    spec: KVFormatSpec,
-    desc: PageBufferShapeDesc,
-    device: torch.device | str,
-) -> PagedLayout:
-    """Parts for engine buffers given as raw host pointers, shaped by ``shape_desc``.
-
-    Pointer order: ``layers``/``cross`` one per layer; ``kv_layers`` every K then every V;
-    ``layer_tuples`` layer-major (``K_0, V_0, K_1, ...`` or the planes of layer 0 first).
-    MLA planes rebuilt from pointers share ``shape_desc.hs`` equally.
-    """
-    if torch.device(device).type != "cpu":
-        raise ValueError(
-            "raw-pointer engine buffers are host-only in the torch baseline; pass tensors"
-        )
-    dtype = _infer_kv_dtype(desc)
-    planes = _pointer_count(spec, len(pointers), int(desc.nl))
-    shape, strides = _pointer_tensor_geometry(spec, desc, planes if spec.tuple_axis == "HS" else 1)
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    span = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
-    # One host view over the whole address range lets evenly spaced layers merge into a
-    # single strided view (see _merge_layer_parts).
-    lo = min(pointers)
-    whole = _host_bytes(lo, max(pointers) - lo + span * itemsize)
-    views = []
-    for ptr in pointers:
-        offset = ptr - lo
-        if offset % itemsize:
-            views.append(_host_bytes(ptr, span * itemsize).view(dtype).as_strided(shape, strides))
-        else:
-            views.append(whole.view(dtype).as_strided(shape, strides, offset // itemsize))
-    paged = _pointer_container(spec, views, int(desc.nl))
-    return paged_layout_from_tensors(paged, spec, int(desc.bs))
-
-
-def paged_layout(
-    paged: Any, spec: KVFormatSpec, desc: PageBufferShapeDesc, device: torch.device | str
-) -> PagedLayout:
-    """Parts for engine buffers given either as tensors or as a 1-d pointer tensor."""
-    if (
-        isinstance(paged, torch.Tensor)
-        and paged.dim() == 1
-        and paged.dtype
-        in (
-            torch.int64,
-            torch.uint64,
-        )
-    ):
-        return paged_layout_from_pointers([int(p) for p in paged.tolist()], spec, desc, device)
-    return paged_layout_from_tensors(paged, spec, int(desc.bs))
 
 
 # --------------------------------------------------------------------------------------

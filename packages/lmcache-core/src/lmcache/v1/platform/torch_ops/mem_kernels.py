@@ -12,22 +12,23 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.platform.ops_types import (
-    EngineKVFormat,
-    KVIndexError,
-    PageBufferShapeDesc,
-    TransferDirection,
-)
-from lmcache.v1.platform.torch_ops._kv_format import (
-    KVFormatSpec,
-    PagedLayout,
-    _format_spec,
-    canonical_object,
-    paged_layout,
-    paged_layout_from_tensors,
-)
+from lmcache.v1.platform.ops_types import EngineKVFormat, TransferDirection
 from lmcache.v1.platform.torch_ops._tensor_from_ptr import _device_runtime, _host_bytes
-from lmcache.v1.platform.torch_ops.mp_mem_kernels import _validate_direction
+from lmcache.v1.platform.torch_ops.plan import (
+    PagedLayout,
+    as_token_rows,
+    canonical_object,
+    check_copy_tensor,
+    check_memcpy_args,
+    check_token_coverage,
+    format_spec,
+    paged_layout_from_tensors,
+    selected_tokens,
+    separate_kv_layout,
+    single_layer_lmcache_view,
+    token_layout,
+    validate_direction,
+)
 
 __all__ = [
     "lmcache_memcpy_async",
@@ -45,24 +46,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 
 
-def _selected_tokens(
-    slot_mapping: torch.Tensor, skip: int, page_buffer_size: int
-) -> tuple[slice | torch.Tensor, torch.Tensor]:
-    """(LMCache token positions, their engine slots): skipped prefix and slots < 0 removed."""
-    if skip < 0:
-        raise ValueError(f"skip_prefix_n_tokens must be non-negative, got {skip}")
-    slots = torch.as_tensor(slot_mapping).reshape(-1)[skip:].to("cpu", torch.int64)
-    if slots.numel() and page_buffer_size > 0 and int(slots.max()) >= page_buffer_size:
-        raise KVIndexError(
-            f"slot {int(slots.max())} is out of range for page_buffer_size={page_buffer_size}"
-        )
-    valid = slots >= 0
-    if bool(valid.all()):
-        return slice(skip, skip + slots.numel()), slots
-    positions = torch.nonzero(valid).reshape(-1) + skip
-    return positions, slots[valid]
-
-
 def _transfer_tokens(
     layout: PagedLayout,
     lmcache_buffer: torch.Tensor,
@@ -72,16 +55,13 @@ def _transfer_tokens(
     page_buffer_size: int = 0,
 ) -> None:
     """Move the tokens of ``lmcache_buffer`` from/to the engine slots of ``slot_mapping``."""
-    direction = _validate_direction(direction)
+    direction = validate_direction(direction)
     lmc = canonical_object(lmcache_buffer, layout)
-    positions, slots = _selected_tokens(slot_mapping, skip, page_buffer_size)
+    positions, slots = selected_tokens(slot_mapping, skip, page_buffer_size)
     if slots.numel() == 0:
         return
     last = positions.stop - 1 if isinstance(positions, slice) else int(positions.max())
-    if last >= lmc.shape[2]:
-        raise ValueError(
-            f"slot_mapping covers {last + 1} tokens, the LMCache buffer {lmc.shape[2]}"
-        )
+    check_token_coverage(last, lmc.shape[2])
     slots = slots.to(layout.device)
     blocks, offsets = slots // layout.block_size, slots % layout.block_size
     for part in layout.parts:
@@ -99,48 +79,6 @@ def _transfer_tokens(
                 else region.index_select(2, positions)
             )
             part.view[:, :, blocks, offsets] = source.to(part.view.device)
-
-
-def _layer_planes(key_value: torch.Tensor) -> torch.Tensor:
-    """``[KV, NL, T, D]`` (or an MLA ``[NL, T, D]``) as a 4-d tensor."""
-    return key_value if key_value.dim() == 4 else key_value.unsqueeze(0)
-
-
-def _token_layout(
-    paged: Any,
-    spec: KVFormatSpec,
-    key_value: torch.Tensor,
-    device: torch.device | str,
-    page_buffer_size: int,
-    block_size: int,
-    head_size: int,
-    block_stride_elems: int,
-) -> PagedLayout:
-    """The engine layout for a slot-mapped op, from tensors or per-buffer pointers."""
-    is_pointer_tensor = isinstance(paged, torch.Tensor) and paged.dim() == 1
-    if not is_pointer_tensor:
-        return paged_layout_from_tensors(paged, spec, block_size if block_size > 0 else 1)
-    if block_stride_elems:
-        raise ValueError("non-tight page pools (block_stride_elems) need tensor inputs")
-    if spec.hnd and (block_size <= 0 or head_size <= 0):
-        raise ValueError(
-            f"{spec.engine_kv_format.name}: pointer mode needs block_size and head_size"
-        )
-    hidden = key_value.shape[-1]
-    # NHD rows are contiguous, so one block of page_buffer_size tokens and one head of
-    # `hidden` elements address the same bytes as the real geometry.
-    bs = block_size if block_size > 0 else page_buffer_size
-    hs = head_size if head_size > 0 and not spec.mla else hidden
-    desc = PageBufferShapeDesc(
-        kv_size=spec.kv_size,
-        nl=_layer_planes(key_value).shape[1],
-        nb=page_buffer_size // bs,
-        bs=bs,
-        nh=hidden // hs,
-        hs=hs,
-        dtype=key_value.dtype,
-    )
-    return paged_layout(paged, spec, desc, device)
 
 
 def multi_layer_kv_transfer(
@@ -164,8 +102,8 @@ def multi_layer_kv_transfer(
     Pointer mode rejects non-tight pools (``block_stride_elems``); HND layouts need
     ``block_size`` and ``head_size`` in pointer mode.
     """
-    spec = _format_spec(engine_kv_format)
-    layout = _token_layout(
+    spec = format_spec(engine_kv_format)
+    layout = token_layout(
         key_value_ptrs,
         spec,
         key_value,
@@ -193,7 +131,7 @@ def multi_layer_kv_transfer_unilateral(
     ``[page_buffer_size, hidden]`` (or ``[.., NH, HS]``). MLA formats delegate to
     :func:`multi_layer_kv_transfer`.
     """
-    spec = _format_spec(engine_kv_format)
+    spec = format_spec(engine_kv_format)
     if spec.mla:
         multi_layer_kv_transfer(
             key_value,
@@ -205,26 +143,13 @@ def multi_layer_kv_transfer_unilateral(
             engine_kv_format,
         )
         return
-    flat_spec = _format_spec(EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS)
+    flat_spec = format_spec(EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS)
     if not (isinstance(key_value_ptrs, torch.Tensor) and key_value_ptrs.dim() == 1):
-        key_value_ptrs = [_as_rows(t) for t in key_value_ptrs]
-    layout = _token_layout(
+        key_value_ptrs = [as_token_rows(t) for t in key_value_ptrs]
+    layout = token_layout(
         key_value_ptrs, flat_spec, key_value, paged_memory_device, page_buffer_size, 1, 0, 0
     )
     _transfer_tokens(layout, key_value, slot_mapping, direction, 0, page_buffer_size)
-
-
-def _as_rows(buffer: torch.Tensor) -> torch.Tensor:
-    """A per-token buffer as ``[tokens, NH, HS]`` (a 2-d buffer is one head wide)."""
-    return buffer.unsqueeze(1) if buffer.dim() == 2 else buffer.flatten(0, -3)
-
-
-def _single_layer_lmc(lmc: torch.Tensor, kv_size: int, token_major: bool) -> torch.Tensor:
-    """The single-layer LMCache buffer as ``[KV, 1, T, D]``."""
-    if kv_size == 1:
-        return lmc.reshape(1, 1, lmc.shape[-2], lmc.shape[-1]) if lmc.dim() == 2 else lmc
-    planes = lmc.transpose(0, 1) if token_major else lmc
-    return planes.unsqueeze(1)
 
 
 def single_layer_kv_transfer(
@@ -238,25 +163,15 @@ def single_layer_kv_transfer(
     """One layer: LMCache ``[2, T, NH*HS]`` (``token_major``: ``[T, 2, NH*HS]``; MLA
     ``[T, HS]``) <-> the engine's tensor (or tuple) for that layer in ``engine_kv_format``.
     """
-    spec = _format_spec(engine_kv_format)
+    spec = format_spec(engine_kv_format)
     if spec.container not in ("layers", "layer_tuples"):
         raise ValueError(
             f"{spec.engine_kv_format.name} is not a per-layer format; "
             "use single_layer_kv_transfer_sgl for separate K and V caches"
         )
     layout = paged_layout_from_tensors([vllm_key_value_cache], spec, 1)
-    lmc = _single_layer_lmc(lmc_key_value_cache, spec.kv_size, token_major)
+    lmc = single_layer_lmcache_view(lmc_key_value_cache, spec.kv_size, token_major)
     _transfer_tokens(layout, lmc, slot_mapping, direction)
-
-
-def _separate_kv_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> PagedLayout:
-    """Layout for one layer held as separate K and V caches (blocked or flat tokens)."""
-    fmt = (
-        EngineKVFormat.TWO_X_NL_X_NB_BS_NH_HS
-        if key_cache.dim() == 4
-        else EngineKVFormat.TWO_X_NL_X_NBBS_NH_HS
-    )
-    return paged_layout_from_tensors([[key_cache], [value_cache]], _format_spec(fmt), 1)
 
 
 def single_layer_kv_transfer_sgl(
@@ -269,8 +184,8 @@ def single_layer_kv_transfer_sgl(
 ) -> None:
     """One layer against SGLang's separate K and V caches ``[NB, BS, NH, HS]``
     (``[tokens, NH, HS]`` accepted too)."""
-    layout = _separate_kv_layout(sgl_key_cache, sgl_value_cache)
-    lmc = _single_layer_lmc(lmc_key_value_cache, 2, token_major)
+    layout = separate_kv_layout(sgl_key_cache, sgl_value_cache)
+    lmc = single_layer_lmcache_view(lmc_key_value_cache, 2, token_major)
     _transfer_tokens(layout, lmc, slot_mapping, direction)
 
 
@@ -283,7 +198,7 @@ def load_and_reshape_flash(
 ) -> None:
     """Extract: engine flash caches ``[NB, BS, NH, HS]`` -> layer ``layer_idx`` of
     ``key_value`` ``[2, NL, T, NH*HS]``."""
-    layout = _separate_kv_layout(key_cache, value_cache)
+    layout = separate_kv_layout(key_cache, value_cache)
     lmc = key_value[:, layer_idx : layer_idx + 1]
     _transfer_tokens(layout, lmc, slot_mapping, TransferDirection.D2H)
 
@@ -296,7 +211,7 @@ def reshape_and_cache_back_flash(
     layer_idx: int,
 ) -> None:
     """Inverse of :func:`load_and_reshape_flash`: scatter layer ``layer_idx`` back."""
-    layout = _separate_kv_layout(key_cache, value_cache)
+    layout = separate_kv_layout(key_cache, value_cache)
     lmc = key_value[:, layer_idx : layer_idx + 1]
     _transfer_tokens(layout, lmc, slot_mapping, TransferDirection.H2D)
 
@@ -311,12 +226,8 @@ _MEMCPY_DEFAULT_KIND = 4  # cudaMemcpyDefault == hipMemcpyDefault: direction fro
 
 def _byte_view(buffer: int | torch.Tensor, nbytes: int) -> torch.Tensor:
     if isinstance(buffer, torch.Tensor):
-        if not buffer.is_contiguous():
-            raise ValueError("lmcache_memcpy_async needs contiguous tensors")
-        flat = buffer.reshape(-1).view(torch.uint8)
-        if flat.numel() < nbytes:
-            raise ValueError(f"tensor holds {flat.numel()} bytes, {nbytes} requested")
-        return flat[:nbytes]
+        check_copy_tensor(buffer, nbytes)
+        return buffer.reshape(-1).view(torch.uint8)[:nbytes]
     return _host_bytes(int(buffer), nbytes)
 
 
@@ -357,9 +268,7 @@ def lmcache_memcpy_async(
     ``host_buffer_alignments`` only matter to native kernels that split copies at host
     registration boundaries; they are accepted and ignored here.
     """
-    _validate_direction(direction)
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    check_memcpy_args(direction, nbytes)
     if nbytes == 0:
         return
     both_raw = not isinstance(dest, torch.Tensor) and not isinstance(src, torch.Tensor)

@@ -9,84 +9,27 @@ stride in one allocation collapse into a single view, so that case is one op per
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from lmcache.v1.platform.ops_types import (
     EngineKVFormat,
-    KVIndexError,
     PageBufferShapeDesc,
     TransferDirection,
 )
-from lmcache.v1.platform.torch_ops._kv_format import (
-    PagedLayout,
-    Part,
-    _format_spec,
-    canonical_object,
+from lmcache.v1.platform.torch_ops._kv_format import PagedLayout, Part, canonical_object
+from lmcache.v1.platform.torch_ops._tensor_from_ptr import _tensor_from_ptr
+from lmcache.v1.platform.torch_ops.plan import (
+    block_runs,
+    block_transfer_args,
+    check_block_runs,
+    check_block_slot,
+    check_engine_block_size,
     paged_layout,
 )
-from lmcache.v1.platform.torch_ops._tensor_from_ptr import _tensor_from_ptr
 
 __all__ = ["multi_layer_block_kv_transfer"]
-
-
-def _validate_direction(direction: Any) -> TransferDirection:
-    try:
-        return TransferDirection(int(direction))
-    except (ValueError, TypeError):
-        raise ValueError(
-            f"direction must be TransferDirection.H2D or TransferDirection.D2H, got {direction!r}"
-        ) from None
-
-
-def _validate_block_args(lmcache_chunk_size: int, block_size: int, skip: int) -> int:
-    """Blocks per object, after upstream's argument checks."""
-    if lmcache_chunk_size <= 0:
-        raise ValueError(f"lmcache_chunk_size must be positive, got {lmcache_chunk_size}")
-    if block_size <= 0 or lmcache_chunk_size % block_size:
-        raise ValueError(
-            f"lmcache_chunk_size ({lmcache_chunk_size}) must be a positive multiple of "
-            f"shape_desc.bs ({block_size})"
-        )
-    if skip < 0:
-        raise ValueError(f"skip_prefix_n_blocks must be non-negative, got {skip}")
-    return lmcache_chunk_size // block_size
-
-
-def _as_block_ids(block_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
-    ids = torch.as_tensor(block_ids, dtype=torch.int64, device="cpu")
-    return ids.reshape(-1)
-
-
-def _valid_block_range(
-    block_ids: torch.Tensor, blocks_per_object: int, skip: int, num_objects: int
-) -> Iterator[tuple[int, slice | torch.Tensor, torch.Tensor]]:
-    """Per object: (object index, object block slots, engine block ids), padding removed.
-
-    Slots come as a slice when contiguous (the common case, no index op needed on the
-    object side) and as an index tensor when padding ids punch holes.
-    """
-    total = block_ids.numel()
-    if total > num_objects * blocks_per_object:
-        raise ValueError(
-            f"{total} block ids need {-(-total // blocks_per_object)} LMCache objects of "
-            f"{blocks_per_object} blocks, got {num_objects}"
-        )
-    for obj in range(skip // blocks_per_object, -(-total // blocks_per_object)):
-        start = max(skip, obj * blocks_per_object)
-        stop = min(total, (obj + 1) * blocks_per_object)
-        if start >= stop:
-            continue
-        ids = block_ids[start:stop]
-        first_slot = start - obj * blocks_per_object
-        valid = ids >= 0
-        if bool(valid.all()):
-            yield obj, slice(first_slot, first_slot + ids.numel()), ids
-        elif bool(valid.any()):
-            slots = torch.nonzero(valid).reshape(-1) + first_slot
-            yield obj, slots, ids[valid]
 
 
 def _object_tensor(obj: Any, layout: PagedLayout, chunk_tokens: int) -> torch.Tensor:
@@ -159,38 +102,27 @@ def multi_layer_block_kv_transfer(
     ``lmcache_objects_ptrs`` holds tensors or raw host pointers; pointer objects are shaped
     ``(NL, T, NH*HS)`` for MLA / fused / single-KV layouts, else ``(2, NL, T, NH*HS)``.
     """
-    spec = _format_spec(engine_kv_format)
-    direction = _validate_direction(direction)
-    skip = int(skip_prefix_n_blocks)
-    blocks_per_object = _validate_block_args(int(lmcache_chunk_size), int(shape_desc.bs), skip)
-    ids = _as_block_ids(block_ids)
-    objects = list(lmcache_objects_ptrs)
-    runs = list(_valid_block_range(ids, blocks_per_object, skip, len(objects)))
+    args = block_transfer_args(
+        lmcache_objects_ptrs,
+        block_ids,
+        direction,
+        shape_desc,
+        lmcache_chunk_size,
+        engine_kv_format,
+        skip_prefix_n_blocks,
+    )
+    objects = args.objects
+    runs = list(block_runs(args.block_ids, args.blocks_per_object, args.skip, len(objects)))
     if not runs:
         return
-    layout = paged_layout(paged_buffer_ptrs_tensor, spec, shape_desc, device)
-    if layout.block_size != shape_desc.bs:
-        raise ValueError(
-            f"engine block size {layout.block_size} does not match shape_desc.bs={shape_desc.bs}"
-        )
-    _check_block_ids(runs, layout.num_blocks)
-    move = _store_blocks if direction == TransferDirection.D2H else _load_blocks
+    layout = paged_layout(paged_buffer_ptrs_tensor, args.spec, shape_desc, device)
+    check_engine_block_size(layout.block_size, shape_desc)
+    check_block_runs(runs, layout.num_blocks)
+    move = _store_blocks if args.direction == TransferDirection.D2H else _load_blocks
     for obj_index, slots, engine_ids in runs:
-        obj_blocks = _object_tensor(objects[obj_index], layout, int(lmcache_chunk_size))
+        obj_blocks = _object_tensor(objects[obj_index], layout, args.chunk_size)
         last_slot = slots.stop - 1 if isinstance(slots, slice) else int(slots.max())
-        if last_slot >= obj_blocks.shape[2]:
-            raise KVIndexError(
-                f"LMCache object {obj_index} holds {obj_blocks.shape[2]} blocks; "
-                f"block slot {last_slot} is out of range"
-            )
+        check_block_slot(obj_index, last_slot, obj_blocks.shape[2])
         engine_ids = engine_ids.to(layout.device)
         for part in layout.parts:
             move(part, _object_region(obj_blocks, part), slots, engine_ids)
-
-
-def _check_block_ids(
-    runs: list[tuple[int, slice | torch.Tensor, torch.Tensor]], num_blocks: int
-) -> None:
-    highest = max(int(engine_ids.max()) for _obj, _slots, engine_ids in runs)
-    if highest >= num_blocks:
-        raise KVIndexError(f"block id {highest} is out of range for {num_blocks} engine blocks")
