@@ -1,0 +1,78 @@
+"""DefaultEventIPCBackend capability checks and delegation."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from lmcache.v1.platform.base.event_ipc import DefaultEventIPCBackend, EventIPCBackend
+
+
+class _FakeEvent:
+    handles: dict[bytes, _FakeEvent] = {}
+
+    def __init__(self, interprocess: bool = False) -> None:
+        self.interprocess = interprocess
+        self.recorded_on: Any = None
+        self.waited_on: Any = None
+
+    def ipc_handle(self) -> bytes:
+        handle = id(self).to_bytes(8, "little")
+        _FakeEvent.handles[handle] = self
+        return handle
+
+    @classmethod
+    def from_ipc_handle(cls, device: Any, handle: bytes) -> _FakeEvent:
+        return cls.handles[handle]
+
+    def record(self, stream: Any) -> None:
+        self.recorded_on = stream
+
+    def wait(self, stream: Any) -> None:
+        self.waited_on = stream
+
+    def query(self) -> bool:
+        return self.recorded_on is not None
+
+    def synchronize(self) -> None:
+        return None
+
+
+def test_module_without_event_class_is_refused() -> None:
+    backend = DefaultEventIPCBackend(event_module=types.SimpleNamespace(), device_type="foo")
+    with pytest.raises(RuntimeError, match="has no Event class"):
+        backend.check_event_support("foo:0")
+
+
+def test_event_without_interprocess_is_refused() -> None:
+    # torch.cpu.Event exists but takes no arguments: no interprocess events on host.
+    backend = DefaultEventIPCBackend(event_module=torch.cpu, device_type="cpu")
+    with pytest.raises(RuntimeError, match="interprocess=True"):
+        backend.check_event_support("cpu")
+
+
+def test_event_without_from_ipc_handle_is_refused() -> None:
+    module = types.SimpleNamespace(Event=type("E", (), {"__init__": _FakeEvent.__init__}))
+    backend = DefaultEventIPCBackend(event_module=module, device_type="foo")
+    with pytest.raises(RuntimeError, match="from_ipc_handle"):
+        backend.check_event_support("foo:0")
+
+
+def test_export_import_round_trip_preserves_ordering_calls() -> None:
+    backend = DefaultEventIPCBackend(
+        event_module=types.SimpleNamespace(Event=_FakeEvent), device_type="foo"
+    )
+    assert isinstance(backend, EventIPCBackend)
+    backend.check_event_support("foo:0")
+    event = backend.create_event("foo:0")
+    assert event.interprocess is True
+    assert backend.query_event(event) is False
+    backend.record_event(event, "producer-stream")
+    imported = backend.import_event(backend.export_event(event, "foo:0"), "foo:0")
+    assert imported is event
+    backend.wait_event(imported, "consumer-stream")
+    assert event.waited_on == "consumer-stream"
+    assert backend.query_event(imported) is True
