@@ -41,7 +41,7 @@ class RawClient:
     def error(self, frames: list[bytes]) -> protocol.ErrorReply:
         self.send(frames)
         reply = self.recv()
-        assert protocol.decode(reply[1]) == protocol.ERROR_OPERATION, reply
+        assert protocol.is_error_operation(protocol.decode(reply[1])), reply
         return protocol.decode(reply[2], protocol.ErrorReply)
 
     def close(self) -> None:

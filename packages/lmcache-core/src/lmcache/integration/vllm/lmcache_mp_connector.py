@@ -52,6 +52,7 @@ from lmcache.integration.vllm.scheduler_state import (
     usable_hit_tokens,
 )
 from lmcache.integration.vllm.vllm_kv_layout import DetectedLayout, transfer_views
+from lmcache.v1.multiprocess.chunking import hit_chunks_to_tokens
 from lmcache.v1.multiprocess.client import MPClientError
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
@@ -248,7 +249,7 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             hit = self._poll_lookup(request, tracker)
             if hit is None:
                 return None, False
-            tracker.hit_tokens = int(hit)
+            tracker.hit_tokens = hit_chunks_to_tokens(hit, self.chunk_size, tracker.prompt_len)
         usable = usable_hit_tokens(tracker.hit_tokens, tracker.prompt_len, self.chunk_size)
         tracker.local_computed = num_computed_tokens
         if usable <= num_computed_tokens:

@@ -104,3 +104,12 @@ def chunk_block_ids(
         hi = lo + _ceil_div(span.num_tokens, block_size)
         selected.extend(range_ids[lo:hi])
     return selected
+
+
+def hit_chunks_to_tokens(hit_chunks: int | None, chunk_size: int, num_tokens: int) -> int:
+    """Tokens covered by ``hit_chunks`` prefix chunks of a ``num_tokens`` lookup.
+
+    ``query_prefetch_status`` / ``wait_prefetch_status`` answer in chunks (as upstream
+    LMCache); a trailing partial chunk counts as one, hence the clamp.
+    """
+    return min(max(0, int(hit_chunks or 0)) * chunk_size, num_tokens)

@@ -94,12 +94,41 @@ class MPClient:
         self._uids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
+        # True when the server is upstream LMCache (it has no protocol_handshake).
+        self.server_is_upstream = False
         if handshake:
             try:
-                self.call("protocol_handshake", protocol.PROTOCOL_VERSION, timeout=connect_timeout)
+                self.server_is_upstream = self._handshake(connect_timeout)
             except BaseException:
                 self.close()
                 raise
+
+    def _handshake(self, wait_s: float) -> bool:
+        """Send ``protocol_handshake`` and ``noop`` back to back; True for an upstream server.
+
+        Our server answers both inline and in order.  Upstream LMCache 0.5.6 drops the
+        unknown handshake without a reply (it only logs it) but answers ``noop``, so a
+        ``noop`` reply arriving first identifies it without waiting for a timeout.
+        """
+        with self._lock:
+            handshake_uid, noop_uid = next(self._uids), next(self._uids)
+            self._sock.send_multipart(
+                protocol.encode_request(
+                    handshake_uid, "protocol_handshake", [protocol.PROTOCOL_VERSION]
+                )
+            )
+            self._sock.send_multipart(protocol.encode_request(noop_uid, "noop", []))
+            frames = self._await_reply((handshake_uid, noop_uid), "protocol_handshake", wait_s)
+            if protocol.decode(frames[0], int) == noop_uid:
+                logger.info(
+                    "the server at %s does not speak protocol_handshake: treating it as "
+                    "upstream LMCache (0.5.6 wire protocol; lmcache-core extensions off)",
+                    self.url,
+                )
+                return True
+            self._decode_reply(frames, "protocol_handshake", tuple[int, bool])
+            self._await_reply((noop_uid,), "noop", wait_s)
+            return False
 
     def call(self, operation: str, *payloads: Any, timeout: float | None = None) -> Any:
         """Send one request and wait for its reply (decoded as the operation's response)."""
@@ -111,10 +140,10 @@ class MPClient:
                 raise MPClientError("the MP client is closed")
             uid = next(self._uids)
             self._sock.send_multipart(protocol.encode_request(uid, operation, payloads))
-            frames = self._await_reply(uid, operation, wait_s)
+            frames = self._await_reply((uid,), operation, wait_s)
         return self._decode_reply(frames, operation, response_type)
 
-    def _await_reply(self, uid: int, operation: str, wait_s: float) -> list[bytes]:
+    def _await_reply(self, uids: tuple[int, ...], operation: str, wait_s: float) -> list[bytes]:
         deadline = time.monotonic() + wait_s
         while True:
             remaining = deadline - time.monotonic()
@@ -130,7 +159,7 @@ class MPClient:
                 reply_uid = protocol.decode(frames[0], int)
             except Exception:
                 continue
-            if reply_uid == uid:
+            if reply_uid in uids:
                 return frames
             logger.debug("discarding a late reply (uid %s)", reply_uid)
 
@@ -138,7 +167,7 @@ class MPClient:
     def _decode_reply(frames: list[bytes], operation: str, response_type: Any) -> Any:
         if len(frames) < 2:
             raise MPClientError(f"malformed reply to {operation}: {len(frames)} frame(s)")
-        if protocol.decode(frames[1]) == protocol.ERROR_OPERATION:
+        if protocol.is_error_operation(protocol.decode(frames[1])):
             reply = protocol.decode(frames[2], protocol.ErrorReply)
             raise ServerError(reply.code, reply.message, reply.operation or operation)
         if len(frames) < 3:
@@ -182,7 +211,8 @@ class MPClient:
             model_name,
             world_size,
             engine_type,
-            layout_hints,
+            # Upstream decodes LayoutHints as a (partial) dict and drops a None.
+            {} if layout_hints is None else layout_hints,
             list(engine_group_infos),
         )
 

@@ -117,6 +117,14 @@ class PrepareRetrieveResponse(msgspec.Struct):
     context: dict[str, Any] = {}
 
 
+class BlockAllocationRecord(msgspec.Struct):
+    """Upstream's per-request engine block-allocation delta (``report_block_allocation``)."""
+
+    req_id: str
+    new_block_ids: list[int]
+    new_token_ids: list[int]
+
+
 class ShmSlotDescriptor(msgspec.Struct):
     """One chunk's place in the server's shared-memory pool (byte offset and shape)."""
 

@@ -30,6 +30,7 @@ from lmcache.v1.multiprocess.chunking import (
     range_block_ids,
 )
 from lmcache.v1.multiprocess.custom_types import (
+    BlockAllocationRecord,
     InlineChunks,
     IPCCacheServerKey,
     PrepareRetrieveResponse,
@@ -90,6 +91,7 @@ class _Pending:
 @dataclasses.dataclass
 class _LookupSession:
     hit_tokens: int
+    hit_chunks: int
     pinned: list[CacheEngineKey]
     created: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -746,7 +748,7 @@ class MPCacheServer:
         if self.metrics is not None:
             miss_tokens = sum(s.num_tokens for s in spans[hits:])
             self.metrics.add_lookup(hit_tokens, miss_tokens)
-        self._remember_lookup(key.request_id, _LookupSession(hit_tokens, pinned))
+        self._remember_lookup(key.request_id, _LookupSession(hit_tokens, hits, pinned))
 
     def _remember_lookup(self, request_id: str, session: _LookupSession) -> None:
         evicted = []
@@ -766,9 +768,11 @@ class MPCacheServer:
             self.storage.unpin(k)
 
     def query_prefetch_status(self, request_id: str) -> int | None:
+        """Hit **chunks** of the lookup (upstream's unit: its scheduler multiplies by the
+        chunk size); a trailing partial chunk counts as one."""
         with self._lookups_lock:
             session = self._lookups.get(request_id)
-        return None if session is None else session.hit_tokens
+        return None if session is None else session.hit_chunks
 
     def wait_prefetch_status(self, request_id: str, timeout: float) -> int | None:
         # Lookups finish before their reply, so there is never anything to wait for.
@@ -814,6 +818,13 @@ class MPCacheServer:
             return False
         worker.last_seen = time.monotonic()
         return True
+
+    def report_block_allocation(
+        self, instance_id: int, model_name: str, records: list[BlockAllocationRecord]
+    ) -> None:
+        """Accepted and ignored: upstream's vLLM scheduler reports engine block allocations
+        (fire-and-forget) for features we do not have (lazy offload, KV events)."""
+        logger.debug("%d block-allocation records from %d ignored", len(records), instance_id)
 
     def noop(self) -> str:
         return "noop"

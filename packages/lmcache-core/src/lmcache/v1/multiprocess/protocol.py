@@ -6,8 +6,12 @@ Request (client DEALER)::
 
 The ROUTER prepends the client identity.  A success reply is ``[uid, op]`` plus one frame
 ``msgpack(response)`` unless the response is ``None``.  A failure reply is
-``[uid, msgpack(ERROR_OPERATION), msgpack(ErrorReply)]`` -- every request the server can
-frame gets exactly one reply, and nothing is ever pickled or unpickled.
+``[uid, msgpack("__error__ <code>: <message>"), msgpack(ErrorReply)]`` -- every request the
+server can frame gets exactly one reply, and nothing is ever pickled or unpickled.  The
+op frame of a failure starts with ``ERROR_OPERATION`` and repeats code and message because
+upstream LMCache's client reads only that frame: it raises
+``ValueError("Response operation '__error__ <code>: <message>' does not match request
+'<op>'")``, so its users see why the request failed.
 
 Operations are named by their frozen upstream legacy integer id or by their snake_case
 name; ops without a legacy id travel as strings.  ``DeviceIPCWrapper`` objects travel as
@@ -25,6 +29,7 @@ import msgspec
 import torch
 
 from lmcache.v1.multiprocess.custom_types import (
+    BlockAllocationRecord,
     IPCCacheServerKey,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
@@ -156,6 +161,7 @@ RPC_SPECS: dict[str, RpcSpec] = {
         RpcSpec("clear", (bool,), None, required=0),
         RpcSpec("get_chunk_size", (), int),
         RpcSpec("ping", (int | None,), bool, required=0),
+        RpcSpec("report_block_allocation", (int, str, list[BlockAllocationRecord]), None),
         RpcSpec("noop", (), str),
         RpcSpec("get_experimental", (), list[str]),
         # Additions (string ops on the wire): version handshake and counters.
@@ -280,6 +286,15 @@ def encode_success(uid_frame: bytes, op_frame: bytes, response: Any) -> list[byt
     return [uid_frame, op_frame, encode(response)]
 
 
+def error_operation_frame(code: ErrorCode, message: str) -> str:
+    """The op frame of a failure: readable on its own by clients that ignore payloads."""
+    return f"{ERROR_OPERATION} {code.value}: {message}"
+
+
+def is_error_operation(op: object) -> bool:
+    return isinstance(op, str) and op.startswith(ERROR_OPERATION)
+
+
 def encode_error(uid_frame: bytes, code: ErrorCode, message: str, operation: str) -> list[bytes]:
     reply = ErrorReply(code=code.value, message=message, operation=operation)
-    return [uid_frame, encode(ERROR_OPERATION), encode(reply)]
+    return [uid_frame, encode(error_operation_frame(code, message)), encode(reply)]

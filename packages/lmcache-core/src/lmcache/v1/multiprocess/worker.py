@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lmcache.v1.multiprocess.chunking import hit_chunks_to_tokens
 from lmcache.v1.multiprocess.client import DEFAULT_URL, MPClient
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey, ServerStats
 from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
@@ -185,10 +186,10 @@ class KVCacheWorker:
         rid = request_id or uuid.uuid4().hex
         key = self.key(token_ids, request_id=rid, cache_salt=cache_salt, worker_id=None)
         self.client.lookup(key, tp_size or self.world_size)
-        hits = self.client.wait_prefetch_status(rid, 0.0)
+        hit_chunks = self.client.wait_prefetch_status(rid, 0.0)
         if not keep_locks:
             self.client.end_session(rid)
-        return int(hits or 0)
+        return hit_chunks_to_tokens(hit_chunks, self.chunk_size, len(key.token_ids))
 
     def end_session(self, request_id: str) -> None:
         self.client.end_session(request_id)

@@ -147,6 +147,16 @@ class TransferContext(abc.ABC):
 # ----------------------------------------------------------------------------------------
 
 
+def declared_layout_hints(layout: KVLayout, layout_hints: Any = None) -> dict[str, Any]:
+    """The ``layout_hints`` payload of ``register_kv_cache``: always a dict, and naming NHD
+    for a 5-D KV cache, since upstream LMCache's server otherwise reads
+    ``[2, NB, X, Y, HS]`` as HND (heads before block slots) and mis-slices every block."""
+    hints: dict[str, Any] = dict(layout_hints or {})
+    if not layout.use_mla:
+        hints.setdefault("kv_layout", "NHD")
+    return hints
+
+
 class LMCacheDrivenTransferContext(TransferContext):
     """The server reads/writes the worker's registered KV cache directly (zero-copy)."""
 
@@ -174,7 +184,7 @@ class LMCacheDrivenTransferContext(TransferContext):
 
         kv = _tensor_list(kv_caches)
         self._events = require_event_ipc(self.device_type, kv[0].device)
-        self._setup(kv, blocks_in_chunk)
+        layout = self._setup(kv, blocks_in_chunk)
         self._wrappers = wrap_kv_caches(kv)
         self.req_client.register_kv_cache(
             self.instance_id,
@@ -182,7 +192,7 @@ class LMCacheDrivenTransferContext(TransferContext):
             model_name,
             world_size,
             engine_type.value,
-            layout_hints,
+            declared_layout_hints(layout, layout_hints),
             list(engine_group_infos),
         )
         self._registered = True
@@ -320,7 +330,17 @@ class EngineDrivenTransferContext(TransferContext):
         )
         self._registered = True
         self.sub_path = self._choose_sub_path(response.shm_name, response.pool_size)
-        if self.sub_path == SUB_PATH_INLINE and response.shm_name:
+        if self.sub_path == SUB_PATH_INLINE:
+            if getattr(self.req_client, "server_is_upstream", False):
+                self.unregister()
+                raise ValueError(
+                    "the engine-driven inline sub-path is lmcache-core's own; this upstream "
+                    "LMCache server offers no shared memory (started without --shm-name), "
+                    "so it expects pickled chunks, which lmcache-core never sends. Start it "
+                    "with --shm-name <name> (SHM sub-path) or use mode 'lmcache_driven'."
+                )
+            # Without this declaration the server takes the worker for upstream's pickle
+            # sub-path and refuses it.
             self.req_client.call("set_engine_driven_sub_path", self.instance_id, SUB_PATH_INLINE)
         logger.info(
             "engine-driven sub-path: %s", "SHM" if self.sub_path == SUB_PATH_SHM else "inline"

@@ -15,6 +15,9 @@ import threading
 from typing import Any
 
 _HANDLE_BYTES = 8
+# Upstream LMCache 0.5.6's CPU event (``StubEvent``) exports this constant: its host events
+# are completed markers too, so the handle carries nothing to wait on.
+UPSTREAM_STUB_EVENT_HANDLE = b"stub_ipc_handle"
 
 
 class HostEvent:
@@ -68,8 +71,13 @@ class HostEventIPCBackend:
         return int(sequence).to_bytes(_HANDLE_BYTES, "little", signed=False)
 
     def import_event(self, handle: bytes, device: Any) -> HostEvent:
+        if handle == UPSTREAM_STUB_EVENT_HANDLE:
+            return HostEvent(0)
         if len(handle) not in (0, _HANDLE_BYTES):
-            raise ValueError(f"host event handles are {_HANDLE_BYTES} bytes, got {len(handle)}")
+            raise ValueError(
+                f"host event handles are {_HANDLE_BYTES} bytes (or upstream LMCache's "
+                f"{UPSTREAM_STUB_EVENT_HANDLE!r}), got {len(handle)}"
+            )
         return HostEvent(int.from_bytes(handle, "little") if handle else 0)
 
     def record_event(self, event: Any, stream: Any) -> None:

