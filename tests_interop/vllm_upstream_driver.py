@@ -20,46 +20,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "e2e" / "vllm"))
 
-SEED_KV_TRANSFER_CONFIG = """{
-    "kv_connector": "LMCacheMPConnector",
-    "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
-    "kv_role": "kv_both",
-    "kv_connector_extra_config": {
-        "lmcache.mp.host": "tcp://localhost",
-        "lmcache.mp.port": "5555",
-        "lmcache.mp.mp_transfer_mode": "engine_driven"
-    }
-}"""
 MAX_TOKENS = 12
 
 
 def kv_transfer_config(port: int, mode: str) -> dict[str, Any]:
+    from run_serve import SEED_KV_TRANSFER_CONFIG
+
     config: dict[str, Any] = json.loads(SEED_KV_TRANSFER_CONFIG)
     extra = config["kv_connector_extra_config"]
     extra["lmcache.mp.port"] = str(port)
     extra["lmcache.mp.mp_transfer_mode"] = mode
     return config
-
-
-def make_llm(model: str, kv_transfer: dict[str, Any] | None) -> Any:
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    kwargs: dict[str, Any] = {}
-    if kv_transfer is not None:
-        kwargs["kv_transfer_config"] = KVTransferConfig(**kv_transfer)
-    return LLM(
-        model=model,
-        dtype="float32",
-        block_size=32,
-        max_model_len=2048,
-        max_num_seqs=4,
-        max_num_batched_tokens=2048,
-        enable_prefix_caching=False,
-        enforce_eager=True,
-        seed=0,
-        **kwargs,
-    )
 
 
 def tokens(llm: Any, prompt: str) -> list[int]:
@@ -71,6 +42,7 @@ def tokens(llm: Any, prompt: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from e2e_common import LONG_PROMPT_WORDS
+    from run_e2e import make_llm
     from tiny_model import build
 
     import lmcache
