@@ -43,7 +43,7 @@ TEST_DEPS = [
     "jsonschema",
 ]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm-e2e"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm-e2e", "interop-upstream"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -175,3 +175,14 @@ def vllm_e2e(session: nox.Session) -> None:
     session.install(TORCH, *BUILD_DEPS)
     core = _build_wheel(session, CORE, Path(session.create_tmp()) / "wheels")
     _load_session_module(ROOT / "e2e" / "vllm" / "nox_session.py").run(session, str(core))
+
+
+@nox.session(name="interop-upstream")
+def interop_upstream(session: nox.Session) -> None:
+    """Interop with the published lmcache==0.5.6 (tests_interop/, docs/compatibility.md):
+    upstream's adapters on our server, our worker on upstream's server, vLLM with
+    upstream's connector on our server (layers over the vllm-e2e venv: run that first).
+    Upstream venvs live in .nox/_interop/ (first run ~2 min, ~190 MB download)."""
+    _install_wheels(session, [CORE])
+    session.install(*TEST_DEPS)
+    _load_session_module(ROOT / "tests_interop" / "nox_session.py").run(session)
