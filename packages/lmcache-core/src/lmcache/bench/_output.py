@@ -18,7 +18,7 @@ import datetime
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 PLOT_HINT = "--plot needs matplotlib: pip install 'lmcache-core[plot]'"
 
@@ -94,6 +94,16 @@ def plot_bars(
     print(f"chart written to {path}")
 
 
+class Bar(Protocol):
+    """What benchmarks may call on :func:`progress`'s result (a tqdm bar or a no-op)."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def set_description_str(self, desc: str) -> object: ...
+
+    def close(self) -> object: ...
+
+
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
@@ -105,7 +115,7 @@ class _NoBar:
         pass
 
 
-def progress(total: int, desc: str) -> Any:
+def progress(total: int, desc: str) -> Bar:
     """A tqdm bar on stderr when it is a terminal (and tqdm is installed), else a no-op."""
     if not sys.stderr.isatty():
         return _NoBar()

@@ -21,10 +21,11 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from lmcache.bench._output import Bar
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.memory_management import HostMemoryAllocator, MemoryObj
@@ -32,23 +33,38 @@ from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 
 QUICK_NUM_KEYS = 20_000
+_PUT_BATCH = 10_000  # keys stored per call while filling the lookup tier
+
+
+class Benchmark(NamedTuple):
+    """One ``--backend``: the measurement, and how many progress steps it takes."""
+
+    run: Callable[[argparse.Namespace, Bar], tuple[list[Any], dict[str, Any]]]
+    steps: Callable[[argparse.Namespace], int]
+
+
+def passes(args: argparse.Namespace) -> int:
+    """Warm-up plus timed passes of one measurement (one progress step each)."""
+    return int(args.warmup + args.repeats)
 
 
 def _median_time(
     args: argparse.Namespace,
+    bar: Bar,
     fn: Callable[[], Any],
     before: Callable[[], Any] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Median time of ``args.repeats`` passes after ``args.warmup`` untimed ones."""
     times = []
-    for i in range(args.warmup + args.repeats):
+    for i in range(passes(args)):
         if before is not None:
             before()
         start = clock()
         fn()
         if i >= args.warmup:
             times.append(clock() - start)
+        bar.update(1)
     return statistics.median(times)
 
 
@@ -67,20 +83,30 @@ def _tier_size(nbytes: int) -> str:
     return f"{(2 * nbytes + (64 << 20)) >> 20}MiB"
 
 
-def bench_lookup(args: argparse.Namespace) -> dict[str, Any]:
+def _lookup_keys(args: argparse.Namespace) -> int:
+    return QUICK_NUM_KEYS if args.quick else int(args.num_keys)
+
+
+def _lookup_steps(args: argparse.Namespace) -> int:
+    return -(-_lookup_keys(args) // _PUT_BATCH) + 4 * passes(args)
+
+
+def bench_lookup(args: argparse.Namespace, bar: Bar) -> dict[str, Any]:
     """Prefix lookup of ``num_keys`` stored keys through the CPU tier vs a dict loop."""
-    n = QUICK_NUM_KEYS if args.quick else args.num_keys
+    bar.set_description_str("bench storage lookup")
+    n = _lookup_keys(args)
     keys = _keys(n, torch.half)
     allocator = HostMemoryAllocator(n * 64 + (1 << 20), min_block_size=64)
     config = LMCacheEngineConfig.from_defaults(max_local_cpu_size="1MiB")
     tier = LocalCPUBackend(config, memory_allocator=allocator)
-    for start in range(0, n, 10_000):
-        batch = keys[start : start + 10_000]
+    for start in range(0, n, _PUT_BATCH):
+        batch = keys[start : start + _PUT_BATCH]
         objs = allocator.batched_allocate(torch.Size([64]), torch.uint8, len(batch))
         assert objs is not None
         tier.batched_submit_put_task(batch, list(objs))
         for obj in objs:
             obj.ref_count_down()
+        bar.update(1)
     hits = tier.batched_contains(keys)
     plain = dict.fromkeys(keys)
 
@@ -99,18 +125,19 @@ def bench_lookup(args: argparse.Namespace) -> dict[str, Any]:
         "keys": n,
         "hits": hits,
         "round_trips": 0,
-        "keys_per_s": n / _median_time(args, tier_prefix),
-        "dict_keys_per_s": n / _median_time(args, dict_prefix),
-        "keys_per_cpu_s": n / _median_time(args, tier_prefix, clock=cpu),
-        "dict_keys_per_cpu_s": n / _median_time(args, dict_prefix, clock=cpu),
+        "keys_per_s": n / _median_time(args, bar, tier_prefix),
+        "dict_keys_per_s": n / _median_time(args, bar, dict_prefix),
+        "keys_per_cpu_s": n / _median_time(args, bar, tier_prefix, clock=cpu),
+        "dict_keys_per_cpu_s": n / _median_time(args, bar, dict_prefix, clock=cpu),
     }
     tier.close()
     return result
 
 
-def bench_cpu_rows(args: argparse.Namespace) -> list[Any]:
+def bench_cpu_rows(args: argparse.Namespace, bar: Bar) -> list[Any]:
     from lmcache.bench.storage import Row
 
+    bar.set_description_str("bench storage cpu")
     shape, dtype = _shape_and_dtype(args)
     src = torch.randn(args.chunks, *shape).to(dtype)
     dst = torch.empty_like(src)
@@ -132,11 +159,11 @@ def bench_cpu_rows(args: argparse.Namespace) -> list[Any]:
             dst[i].copy_(obj.tensor)
             obj.ref_count_down()
 
-    t_put = _median_time(args, put_all, before=lambda: tier.batched_remove(keys))
-    t_get = _median_time(args, get_all)
+    t_put = _median_time(args, bar, put_all, before=lambda: tier.batched_remove(keys))
+    t_get = _median_time(args, bar, get_all)
     if not torch.equal(dst, src):
         raise RuntimeError("cpu tier returned different bytes")
-    t_memcpy = _median_time(args, lambda: dst.copy_(src))
+    t_memcpy = _median_time(args, bar, lambda: dst.copy_(src))
     tier.close()
     mib, gb = nbytes / args.chunks / (1 << 20), nbytes / 1e9
     return [
@@ -145,9 +172,10 @@ def bench_cpu_rows(args: argparse.Namespace) -> list[Any]:
     ]
 
 
-def bench_disk_rows(args: argparse.Namespace) -> list[Any]:
+def bench_disk_rows(args: argparse.Namespace, bar: Bar) -> list[Any]:
     from lmcache.bench.storage import Row
 
+    bar.set_description_str("bench storage disk")
     shape, dtype = _shape_and_dtype(args)
     workdir = tempfile.mkdtemp(prefix="lmc-bench-disk-", dir=getattr(args, "dir", None))
     tier_dir, plain_dir = os.path.join(workdir, "tier"), os.path.join(workdir, "plain")
@@ -195,10 +223,10 @@ def bench_disk_rows(args: argparse.Namespace) -> list[Any]:
                 f.readinto(read_buf)
 
     try:
-        t_put = _median_time(args, put_all, before=lambda: disk.batched_remove(keys))
-        t_get = _median_time(args, get_all)
-        t_plain_w = _median_time(args, plain_write, before=clear_plain)
-        t_plain_r = _median_time(args, plain_read)
+        t_put = _median_time(args, bar, put_all, before=lambda: disk.batched_remove(keys))
+        t_get = _median_time(args, bar, get_all)
+        t_plain_w = _median_time(args, bar, plain_write, before=clear_plain)
+        t_plain_r = _median_time(args, bar, plain_read)
         check = disk.get_blocking(keys[0])
         if check is None or bytes(check.byte_array) != bytes(payloads[0]):
             raise RuntimeError("disk tier returned different bytes")
@@ -222,21 +250,27 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def bench_cpu(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
-    return bench_cpu_rows(args), bench_lookup(args)
+def bench_cpu(args: argparse.Namespace, bar: Bar) -> tuple[list[Any], dict[str, Any]]:
+    return bench_cpu_rows(args, bar), bench_lookup(args, bar)
 
 
-def bench_disk(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
-    return bench_disk_rows(args), bench_lookup(args)
+def bench_disk(args: argparse.Namespace, bar: Bar) -> tuple[list[Any], dict[str, Any]]:
+    return bench_disk_rows(args, bar), bench_lookup(args, bar)
 
 
-def bench_local(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+def bench_local(args: argparse.Namespace, bar: Bar) -> tuple[list[Any], dict[str, Any]]:
     """Lookup, CPU and disk side by side in one run."""
-    return bench_cpu_rows(args) + bench_disk_rows(args), bench_lookup(args)
+    return bench_cpu_rows(args, bar) + bench_disk_rows(args, bar), bench_lookup(args, bar)
 
 
-BENCHMARKS: dict[str, Callable[[argparse.Namespace], tuple[list[Any], dict[str, Any]]]] = {
-    "cpu": bench_cpu,
-    "disk": bench_disk,
-    "local": bench_local,
+# timed measurements per tier: cpu put/get/memcpy, disk put/get/plain write/plain read
+_CPU_MEASUREMENTS, _DISK_MEASUREMENTS = 3, 4
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "cpu": Benchmark(bench_cpu, lambda a: _CPU_MEASUREMENTS * passes(a) + _lookup_steps(a)),
+    "disk": Benchmark(bench_disk, lambda a: _DISK_MEASUREMENTS * passes(a) + _lookup_steps(a)),
+    "local": Benchmark(
+        bench_local,
+        lambda a: (_CPU_MEASUREMENTS + _DISK_MEASUREMENTS) * passes(a) + _lookup_steps(a),
+    ),
 }

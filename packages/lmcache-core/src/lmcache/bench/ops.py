@@ -5,13 +5,13 @@ paged cache into LMCache objects (D2H) and loads them back (H2D) with
 ``multi_layer_block_kv_transfer``, side by side in one process: the selected backend's op
 (``lmcache.device_ops``, or the baseline with ``--backend torch``), the torch baseline, and
 one contiguous copy of the same bytes (the memcpy bound). Times are medians of repeats
-after warm-up (``time.perf_counter``).
+after warm-up (``time.perf_counter``).  ``--json`` / ``--plot`` / the progress bar:
+:mod:`lmcache.bench._output`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -20,6 +20,14 @@ from typing import Any
 
 import torch
 
+from lmcache.bench._output import (
+    Bar,
+    add_output_arguments,
+    plot_bars,
+    progress,
+    require_matplotlib,
+    write_json,
+)
 from lmcache.v1.platform import torch_ops
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 
@@ -75,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only these families (repeatable)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for smoke tests")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")  # fmt: skip
+    add_output_arguments(parser)
 
 
 def _apply_quick(args: argparse.Namespace) -> None:
@@ -146,15 +154,21 @@ def _workload(fmt: EngineKVFormat, args: argparse.Namespace) -> Workload:
     return Workload(paged, objects, block_ids, desc, args.chunk_tokens, fmt, nbytes)
 
 
-def _median_seconds(fn: Callable[[], Any], warmup: int, repeats: int) -> float:
+def _median_seconds(fn: Callable[[], Any], warmup: int, repeats: int, bar: Bar) -> float:
     for _ in range(warmup):
         fn()
+        bar.update(1)
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
+        bar.update(1)
     return statistics.median(samples)
+
+
+# memcpy once, then candidate and baseline per direction: timed passes per family
+_MEASUREMENTS_PER_FAMILY = 1 + 2 * 2
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -162,11 +176,14 @@ def _gbps(nbytes: int, seconds: float) -> float:
 
 
 def _measure(
-    family: str, w: Workload, op: Callable[..., None], args: argparse.Namespace
+    family: str, w: Workload, op: Callable[..., None], args: argparse.Namespace, bar: Bar
 ) -> list[Row]:
+    bar.set_description_str(f"bench ops {family}")
     src = torch.empty(w.nbytes, dtype=torch.uint8).random_(0, 255)
     dst = torch.empty_like(src)
-    memcpy = _gbps(w.nbytes, _median_seconds(lambda: dst.copy_(src), args.warmup, args.repeats))
+    memcpy = _gbps(
+        w.nbytes, _median_seconds(lambda: dst.copy_(src), args.warmup, args.repeats, bar)
+    )
     rows = []
     for direction in (TransferDirection.D2H, TransferDirection.H2D):
 
@@ -174,7 +191,7 @@ def _measure(
             fn(w.paged, w.objects, w.block_ids, "cpu", direction, w.desc, w.chunk_tokens, w.fmt, 0)
 
         times = {
-            name: _median_seconds(lambda f=fn: call(f), args.warmup, args.repeats)  # type: ignore[misc]
+            name: _median_seconds(lambda f=fn: call(f), args.warmup, args.repeats, bar)  # type: ignore[misc]
             for name, fn in (
                 ("candidate", op),
                 ("baseline", torch_ops.multi_layer_block_kv_transfer),
@@ -198,22 +215,45 @@ def _print_table(candidate: str, rows: list[Row]) -> None:
               f"{r.vs_memcpy:>12.2f}")  # fmt: skip
 
 
+def _plot(candidate: str, rows: list[Row], path: str) -> None:
+    plot_bars(
+        path,
+        f"Block KV transfer per layout family (candidate = {candidate})",
+        [f"{r.family} {r.direction}" for r in rows],
+        {
+            "candidate": [r.candidate_gbps for r in rows],
+            "baseline": [r.baseline_gbps for r in rows],
+            "memcpy": [r.memcpy_gbps for r in rows],
+        },
+        {
+            "candidate / baseline": [r.vs_baseline for r in rows],
+            "candidate / memcpy": [r.vs_memcpy for r in rows],
+        },
+        "ratio",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_matplotlib()  # fail before measuring, not after
     _apply_quick(args)
     candidate, op = _candidate(args.backend)
     torch.manual_seed(0)
+    families = [(f, fmt) for f, fmt in FAMILIES if not args.family or f in args.family]
+    passes = _MEASUREMENTS_PER_FAMILY * (args.warmup + args.repeats)
+    bar = progress(len(families) * passes, "bench ops")
     rows: list[Row] = []
-    for family, fmt in FAMILIES:
-        if args.family and family not in args.family:
-            continue
-        rows.extend(_measure(family, _workload(fmt, args), op, args))
+    try:
+        for family, fmt in families:
+            rows.extend(_measure(family, _workload(fmt, args), op, args, bar))
+    finally:
+        bar.close()
     _print_table(candidate, rows)
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
         results = [asdict(r) | {"vs_baseline": r.vs_baseline, "vs_memcpy": r.vs_memcpy}
                    for r in rows]  # fmt: skip
-        payload = {"candidate": candidate, "threads": torch.get_num_threads(), "config": config,
-                   "results": results}  # fmt: skip
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        summary = {"candidate": candidate, "threads": torch.get_num_threads()}
+        write_json(args.json, "ops", args, results, summary=summary)
+    if args.plot:
+        _plot(candidate, rows, args.plot)
     return 0

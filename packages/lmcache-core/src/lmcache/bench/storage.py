@@ -1,17 +1,19 @@
 """Storage tier put/get throughput vs the raw store, and prefix-lookup round trips.
 
-For each backend in :data:`BACKENDS` (``--backend``), one run measures side by side:
+For each backend in :data:`BACKENDS` (``--backend``; default ``local``: the CPU and disk
+tiers and the prefix lookup, no server needed; ``redis`` only when asked), one run
+measures side by side:
 ``batched_submit_put_task`` + wait and ``batched_get_blocking`` of whole 256-token chunks
 through the tier, the raw store doing the same bytes without the tier (for Redis:
 pipelined ``SET`` / ``MGET`` of equally sized values on the same redis-py + hiredis
 client), and the network round trips one prefix lookup of a request costs.  Times are
-medians of repeats after warm-up; GB/s are 1e9 bytes/s of chunk payload.
+medians of repeats after warm-up; GB/s are 1e9 bytes/s of chunk payload.  ``--json`` /
+``--plot`` / the progress bar: :mod:`lmcache.bench._output`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import socket
 import statistics
@@ -19,7 +21,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,6 +29,14 @@ from typing import Any
 import torch
 
 from lmcache.bench import _storage_local
+from lmcache.bench._output import (
+    Bar,
+    add_output_arguments,
+    plot_bars,
+    progress,
+    require_matplotlib,
+    write_json,
+)
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.memory_management import MemoryObj
@@ -50,7 +60,13 @@ class Row:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=sorted(BACKENDS), default="redis")
+    parser.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        default="local",
+        help="local (default) = cpu + disk + prefix lookup side by side; "
+        "redis needs a redis-server on PATH or --url",
+    )
     parser.add_argument(
         "--url",
         help="redis:// URL of a running server; default: start a private redis-server",
@@ -70,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for smoke tests")
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
+    add_output_arguments(parser)
 
 
 def _apply_quick(args: argparse.Namespace) -> None:
@@ -140,7 +156,7 @@ def _wait_for_port(port: int, timeout_s: float = 10.0) -> None:
     raise SystemExit(f"redis-server on port {port} did not start")
 
 
-def _bench_redis(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
+def _bench_redis(args: argparse.Namespace, bar: Bar) -> tuple[list[Any], dict[str, Any]]:
     from lmcache.v1.storage_backend.redis_backend import RedisBackend, RedisSettings
 
     with _private_redis() if args.url is None else _given(args.url) as url:
@@ -165,8 +181,9 @@ def _bench_redis(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 assert obj.tensor is not None
                 obj.tensor.copy_(torch.randn(shape).to(dtype))
             raw_values = [bytes(obj.byte_array) for obj in objs]
-            rows = _redis_rows(args, tier, raw, objs, raw_values, dtype, chunk_bytes)
+            rows = _redis_rows(args, tier, raw, objs, raw_values, dtype, chunk_bytes, bar)
             lookup = _redis_lookup(args, tier, objs, dtype)
+            bar.update(1)
             for obj in objs:
                 obj.ref_count_down()
         finally:
@@ -188,6 +205,7 @@ def _redis_rows(
     raw_values: list[bytes],
     dtype: torch.dtype,
     chunk_bytes: int,
+    bar: Bar,
 ) -> list[Row]:
     """Tier and raw runs alternate (drift on a shared machine hits both alike); every put
     writes fresh keys, deleted again outside the timed region, so Redis does equal work."""
@@ -225,6 +243,7 @@ def _redis_rows(
                 times[name].append(time.perf_counter() - start)
         tier.batched_remove(keys)
         raw.delete(*names)
+        bar.update(1)
     total = n * chunk_bytes
     gbps = {name: total / statistics.median(samples) / 1e9 for name, samples in times.items()}
     mib = chunk_bytes / 2**20
@@ -249,8 +268,9 @@ def _redis_lookup(
     return {"keys": len(keys), "hits": hits, "round_trips": trips}
 
 
-BACKENDS: dict[str, Callable[[argparse.Namespace], tuple[list[Row], dict[str, Any]]]] = {
-    "redis": _bench_redis,
+BACKENDS: dict[str, _storage_local.Benchmark] = {
+    # one step per put/get round, plus the lookup
+    "redis": _storage_local.Benchmark(_bench_redis, lambda a: _storage_local.passes(a) + 1),
     # cpu, disk and local (= cpu + disk + 1M-key lookup): lmcache.bench._storage_local
     **_storage_local.BENCHMARKS,
 }
@@ -278,14 +298,32 @@ def _print(rows: list[Row], lookup: dict[str, Any]) -> None:
               f"{lookup['dict_keys_per_cpu_s']:,.0f}")  # fmt: skip
 
 
+def _plot(rows: list[Row], path: str) -> None:
+    plot_bars(
+        path,
+        "Storage tier put/get vs the raw store",
+        [f"{r.backend} {r.op}" for r in rows],
+        {"tier": [r.tier_gbps for r in rows], "raw": [r.raw_gbps for r in rows]},
+        {"tier / raw": [r.ratio for r in rows]},
+        "x raw",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_matplotlib()  # fail before measuring, not after
     _apply_quick(args)
     torch.manual_seed(0)
-    rows, lookup = BACKENDS[args.backend](args)
+    benchmark = BACKENDS[args.backend]
+    bar = progress(benchmark.steps(args), f"bench storage {args.backend}")
+    try:
+        rows, lookup = benchmark.run(args, bar)
+    finally:
+        bar.close()
     _print(rows, lookup)
     if args.json:
-        config = {k: v for k, v in vars(args).items() if not callable(v)}
         results = [asdict(r) | {"ratio": r.ratio} for r in rows]
-        with open(args.json, "w") as f:
-            json.dump({"config": config, "results": results, "lookup": lookup}, f, indent=2)
+        write_json(args.json, "storage", args, results, lookup=lookup)
+    if args.plot:
+        _plot(rows, args.plot)
     return 0
