@@ -41,6 +41,7 @@ TEST_DEPS = [
     "hiredis>=2",
     "httpx",
     "jsonschema",
+    "matplotlib",
 ]
 
 nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm-e2e", "interop-upstream"]
