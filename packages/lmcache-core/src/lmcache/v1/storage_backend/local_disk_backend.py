@@ -5,14 +5,21 @@ A put writes ``<name>.<random>.tmp`` on a thread pool, fsyncs it and renames it 
 ``.tmp`` files are deleted on start-up.  The index (key -> file) lives in memory and is
 rebuilt from the directory when the backend starts.
 
-File format (little-endian)::
+File format (little-endian), version 2 (written)::
 
-    magic  b"LMCD" | version u16 | flags u16 | header_len u32 | payload_len u64
-    payload_crc32 u32 | header_crc32 u32 | header (UTF-8 JSON) | payload
+    magic  b"LMCD" | version u16 (=2) | checksum u16 | header_len u32 | payload_len u64
+    payload_sum u64 | header_sum u64 | header (UTF-8 JSON) | payload
+
+``checksum`` names the algorithm of both sums: 1 = CRC-32 (zero-extended), 2 = XXH3-64.
+New objects use XXH3-64 (``xxhash``, tens of GB/s per core, so verifying a read costs a
+fraction of reading it); CRC-32 only when ``xxhash`` is not importable.  Version 1 (still
+read) is the same without the algorithm: ``flags u16`` (0) in its place and
+``payload_crc32 u32 | header_crc32 u32``.
 
 The JSON header holds the key string, shapes, dtypes, memory format and used size.
-A file whose header, length or payload checksum does not match is logged, deleted and
-reported as a miss; a reader never sees its bytes.
+A file whose header, length or payload checksum does not match -- or whose checksum
+algorithm this process cannot compute -- is logged, deleted and reported as a miss; a
+reader never sees its bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import torch
 
@@ -51,15 +58,77 @@ from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 logger = logging.getLogger(__name__)
 
 MAGIC = b"LMCD"
-FORMAT_VERSION = 1
-_PREFIX = struct.Struct("<4sHHIQII")
+FORMAT_VERSION = 2
+"""The version written; :func:`read_header` also reads :data:`FORMAT_VERSION_CRC32`."""
+FORMAT_VERSION_CRC32 = 1
+_LEAD = struct.Struct("<4sHH")  # magic, version, checksum algorithm (v1: flags)
+_REST_V1 = struct.Struct("<IQII")
+_REST_V2 = struct.Struct("<IQQQ")
+PREFIX_SIZE = _LEAD.size + _REST_V2.size
+"""Bytes before the JSON header in the written format."""
+_PREFIX_SIZES = {
+    FORMAT_VERSION_CRC32: _LEAD.size + _REST_V1.size,
+    FORMAT_VERSION: PREFIX_SIZE,
+}
 FILE_SUFFIX = ".lmc"
 TMP_SUFFIX = ".tmp"
 _MAX_HEADER = 1 << 20
 
+CHECKSUM_CRC32 = 1
+CHECKSUM_XXH3_64 = 2
+CHECKSUM_NAMES = {CHECKSUM_CRC32: "CRC-32", CHECKSUM_XXH3_64: "XXH3-64"}
+
 
 class CorruptFileError(Exception):
     """A cache file failed validation."""
+
+
+def _crc32(data: Any) -> int:
+    return zlib.crc32(data)
+
+
+def _load_xxh3() -> Callable[[Any], int] | None:
+    try:
+        from xxhash import xxh3_64_intdigest
+    except ImportError:
+        logger.debug("xxhash is not installed: new cache objects are checksummed with CRC-32")
+        return None
+    return xxh3_64_intdigest
+
+
+_CHECKSUM_FUNCS: dict[int, Callable[[Any], int]] = {CHECKSUM_CRC32: _crc32}
+_xxh3 = _load_xxh3()
+if _xxh3 is not None:
+    _CHECKSUM_FUNCS[CHECKSUM_XXH3_64] = _xxh3
+WRITE_CHECKSUM = CHECKSUM_XXH3_64 if _xxh3 is not None else CHECKSUM_CRC32
+"""The algorithm of new objects: XXH3-64, or CRC-32 where ``xxhash`` is missing."""
+
+
+def checksum(algorithm: int, data: Any) -> int:
+    """``algorithm``'s digest of ``data`` (any buffer); CorruptFileError if unavailable."""
+    func = _CHECKSUM_FUNCS.get(algorithm)
+    if func is None:
+        name = CHECKSUM_NAMES.get(algorithm, f"#{algorithm}")
+        raise CorruptFileError(f"checksum algorithm {name} is not available here")
+    return func(data)
+
+
+class PayloadChecksum(NamedTuple):
+    """The payload's recorded sum and its algorithm, from :func:`read_header`."""
+
+    algorithm: int
+    expected: int
+
+    def verify(self, payload: Any) -> None:
+        if checksum(self.algorithm, payload) != self.expected:
+            raise CorruptFileError("payload checksum mismatch")
+
+
+def encode_prefix(header: bytes, payload: Any, algorithm: int | None = None) -> bytes:
+    """The prefix of an object (current format version) with sums of ``header``/``payload``."""
+    algo = WRITE_CHECKSUM if algorithm is None else algorithm
+    rest = _REST_V2.pack(len(header), len(payload), checksum(algo, payload), checksum(algo, header))
+    return _LEAD.pack(MAGIC, FORMAT_VERSION, algo) + rest
 
 
 @dataclass(slots=True)
@@ -91,26 +160,32 @@ def _payload_view(obj: MemoryObj) -> memoryview:
     return obj.byte_array
 
 
-def read_header(f: BinaryIO, file_size: int) -> tuple[dict[str, Any], int, int]:
-    """``(header, payload_len, payload_crc)``; raises :class:`CorruptFileError`."""
-    prefix = f.read(_PREFIX.size)
-    if len(prefix) != _PREFIX.size:
+def read_header(f: BinaryIO, file_size: int) -> tuple[dict[str, Any], int, PayloadChecksum]:
+    """``(header, payload_len, payload_checksum)`` of a version 1 or 2 object; raises
+    :class:`CorruptFileError`."""
+    lead = f.read(_LEAD.size)
+    if len(lead) != _LEAD.size:
         raise CorruptFileError("truncated prefix")
-    magic, version, _flags, header_len, payload_len, payload_crc, header_crc = _PREFIX.unpack(
-        prefix
-    )
+    magic, version, algorithm = _LEAD.unpack(lead)
     if magic != MAGIC:
         raise CorruptFileError("bad magic")
-    if version != FORMAT_VERSION:
+    if version == FORMAT_VERSION:
+        rest_struct = _REST_V2
+    elif version == FORMAT_VERSION_CRC32:
+        rest_struct, algorithm = _REST_V1, CHECKSUM_CRC32  # v1: the field is flags
+    else:
         raise CorruptFileError(f"unsupported format version {version}")
+    rest = f.read(rest_struct.size)
+    if len(rest) != rest_struct.size:
+        raise CorruptFileError("truncated prefix")
+    header_len, payload_len, payload_sum, header_sum = rest_struct.unpack(rest)
     if header_len > _MAX_HEADER:
         raise CorruptFileError("header too large")
-    if file_size != _PREFIX.size + header_len + payload_len:
-        raise CorruptFileError(
-            f"size {file_size} != expected {_PREFIX.size + header_len + payload_len}"
-        )
+    expected_size = _PREFIX_SIZES[version] + header_len + payload_len
+    if file_size != expected_size:
+        raise CorruptFileError(f"size {file_size} != expected {expected_size}")
     raw_header = f.read(header_len)
-    if len(raw_header) != header_len or zlib.crc32(raw_header) != header_crc:
+    if len(raw_header) != header_len or checksum(algorithm, raw_header) != header_sum:
         raise CorruptFileError("header checksum mismatch")
     try:
         header = json.loads(raw_header)
@@ -118,7 +193,7 @@ def read_header(f: BinaryIO, file_size: int) -> tuple[dict[str, Any], int, int]:
         raise CorruptFileError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict) or "key" not in header:
         raise CorruptFileError("header without key")
-    return header, payload_len, payload_crc
+    return header, payload_len, PayloadChecksum(algorithm, payload_sum)
 
 
 class LocalDiskBackend(StorageBackendInterface):
@@ -219,7 +294,7 @@ class LocalDiskBackend(StorageBackendInterface):
         futures: list[Future] = []
         for key, obj in zip(keys, objs):
             header = json.dumps(encode_header(key, obj)).encode("utf-8")
-            file_size = _PREFIX.size + len(header) + obj.get_size()
+            file_size = PREFIX_SIZE + len(header) + obj.get_size()
             with self._lock:
                 if key in self._index or key in self._put_tasks:
                     continue
@@ -247,15 +322,7 @@ class LocalDiskBackend(StorageBackendInterface):
         tmp = f"{final}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
         try:
             payload = _payload_view(obj)
-            prefix = _PREFIX.pack(
-                MAGIC,
-                FORMAT_VERSION,
-                0,
-                len(header),
-                len(payload),
-                zlib.crc32(payload),
-                zlib.crc32(header),
-            )
+            prefix = encode_prefix(header, payload)
             with open(tmp, "wb", buffering=0) as f:
                 _write_all(f, prefix + header)
                 _write_all(f, payload)
@@ -371,7 +438,7 @@ class LocalDiskBackend(StorageBackendInterface):
         return obj
 
     def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
-        """Reads on the thread pool: checksumming releases the GIL, so files verify in parallel."""
+        """Reads on the thread pool: file reads release the GIL, so files load in parallel."""
         # Wait for in-flight puts here, not in the pool: a pooled read waiting for a put
         # queued behind it in the same pool would deadlock.
         self._wait_for_put_of(keys)
@@ -382,7 +449,7 @@ class LocalDiskBackend(StorageBackendInterface):
     def _read(self, key: CacheEngineKey, entry: _Entry) -> MemoryObj | None:
         with open(entry.path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            header, payload_len, payload_crc = read_header(f, size)
+            header, payload_len, payload_sum = read_header(f, size)
             if header["key"] != key.to_string():
                 raise CorruptFileError("key in header does not match")
             shapes = [torch.Size(s) for s in header["shapes"]]
@@ -399,8 +466,7 @@ class LocalDiskBackend(StorageBackendInterface):
                     raise CorruptFileError("payload length does not match the header")
                 view = obj.byte_array
                 _read_exact(f, view)
-                if zlib.crc32(view) != payload_crc:
-                    raise CorruptFileError("payload checksum mismatch")
+                payload_sum.verify(view)
             except BaseException:
                 obj.ref_count_down()
                 raise

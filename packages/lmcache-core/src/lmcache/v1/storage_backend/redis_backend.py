@@ -1,10 +1,10 @@
 """Remote tier on Redis (RESP): one node or a Redis Cluster, shared by many servers.
 
 Each chunk is one Redis string: the disk tier's chunk format (see
-:mod:`lmcache.v1.storage_backend.local_disk_backend`: ``LMCD`` prefix, version, JSON header
-with key, shapes, dtypes and memory format, CRC-32 of header and payload) followed by the
-raw bytes.  Nothing is pickled.  A value whose checksum, length or embedded key does not
-match is a miss and is deleted.
+:mod:`lmcache.v1.storage_backend.local_disk_backend`: ``LMCD`` prefix, version, checksum
+algorithm, JSON header with key, shapes, dtypes and memory format, XXH3-64 -- or CRC-32 --
+sums of header and payload) followed by the raw bytes.  Nothing is pickled.  A value whose
+checksum, length or embedded key does not match is a miss and is deleted.
 
 Redis key: ``<namespace>:{<chunk hash>}:<CacheEngineKey string>``.  The braces are a
 Redis Cluster hash tag: every key of one chunk (all workers, all layers) lands in one
@@ -32,7 +32,6 @@ import json
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
@@ -50,12 +49,10 @@ from lmcache.v1.storage_backend.abstract_backend import (
 )
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import (
-    _PREFIX,
-    FORMAT_VERSION,
-    MAGIC,
     CorruptFileError,
     allocate_for_read,
     encode_header,
+    encode_prefix,
     read_header,
 )
 
@@ -267,16 +264,7 @@ def _encode_parts(key: CacheEngineKey, obj: MemoryObj) -> tuple[bytes, memoryvie
     """``(prefix + header, payload)`` of ``obj`` in the disk tier's chunk format."""
     header = json.dumps(encode_header(key, obj)).encode("utf-8")
     payload = obj.byte_array
-    prefix = _PREFIX.pack(
-        MAGIC,
-        FORMAT_VERSION,
-        0,
-        len(header),
-        len(payload),
-        zlib.crc32(payload),
-        zlib.crc32(header),
-    )
-    return prefix + header, payload
+    return encode_prefix(header, payload) + header, payload
 
 
 def encode_value(key: CacheEngineKey, obj: MemoryObj) -> bytes:
@@ -320,12 +308,11 @@ class DecodedValue:
 
 def decode_value(key: CacheEngineKey, value: bytes) -> DecodedValue:
     """Validate ``value`` as the entry of ``key``; raises :class:`CorruptFileError`."""
-    header, payload_len, payload_crc = read_header(io.BytesIO(value), len(value))
+    header, payload_len, payload_sum = read_header(io.BytesIO(value), len(value))
     if header["key"] != key.to_string():
         raise CorruptFileError("key in header does not match")
     payload = memoryview(value)[len(value) - payload_len :]
-    if zlib.crc32(payload) != payload_crc:
-        raise CorruptFileError("payload checksum mismatch")
+    payload_sum.verify(payload)
     try:
         decoded = DecodedValue(
             shapes=[torch.Size(s) for s in header["shapes"]],
