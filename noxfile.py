@@ -147,7 +147,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy over the core and every plugin's Python sources."""
-    session.install(TORCH, "mypy", "msgspec", "pyzmq", "numpy", "types-PyYAML", "pytest")
+    session.install(TORCH, "mypy", "msgspec", "pyzmq", "numpy", "types-PyYAML", "pytest", "xxhash")
     session.run("mypy")
 
 
