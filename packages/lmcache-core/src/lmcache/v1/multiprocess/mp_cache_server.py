@@ -48,6 +48,16 @@ from lmcache.v1.multiprocess.tiers import (
     tier_problems,
 )
 from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+from lmcache.v1.platform import get_device_spec
+from lmcache.v1.platform.base.cache_context import BaseCacheContext
+from lmcache.v1.platform.base.event_ipc import EventIPCBackend
+from lmcache.v1.platform.cache_context import (
+    DeviceSpecLookup,
+    LMCacheDrivenUnsupportedError,
+    check_event_support,
+    declared_device_type,
+    resolve_lmcache_driven_device,
+)
 from lmcache.v1.platform.ops_types import TransferDirection
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
@@ -68,7 +78,8 @@ class _Worker:
     world_size: int
     layout: KVLayout
     mode: MPTransferMode
-    context: Any = None  # the cache context (LMCache-driven)
+    context: BaseCacheContext | None = None  # the cache context (LMCache-driven)
+    events: EventIPCBackend | None = None  # its device's event backend (LMCache-driven)
     inline: bool = False  # engine-driven sub-path
     inline_declared: bool = False  # the worker said it speaks inline (not upstream's pickle)
     last_seen: float = dataclasses.field(default_factory=time.monotonic)
@@ -109,6 +120,11 @@ class CacheServerSettings:
 _SUPPORTED_KV_LAYOUTS = frozenset({"NHD"})
 
 
+def _close_wrappers(kv_cache: list[Any]) -> None:
+    for wrapper in kv_cache:
+        wrapper.close()
+
+
 def _check_layout_hints(layout_hints: Any) -> None:
     """Refuse a declared KV layout we would misread (we infer ``[2, NB, BS, NH, HS]``)."""
     kv_layout = layout_hints.get("kv_layout") if isinstance(layout_hints, dict) else None
@@ -128,18 +144,15 @@ class MPCacheServer:
         self,
         settings: CacheServerSettings,
         storage: StorageManager,
-        device_ops: Any,
-        create_cache_context: Callable[..., Any],
-        event_backend: Any = None,
+        device_specs: DeviceSpecLookup | None = None,
         unlink_segment: Callable[[str], bool] | None = None,
         enable_metrics: bool = True,
     ) -> None:
         self.settings = settings
         self.chunk_size = settings.chunk_size
         self.storage = storage
-        self.ops = device_ops
-        self._create_cache_context = create_cache_context
-        self._event_backend = event_backend
+        # LMCache-driven workers are served by the DeviceSpec of the device they declare.
+        self._device_specs: DeviceSpecLookup = device_specs or get_device_spec
         self._unlink_segment = unlink_segment
         allocator = storage.get_memory_allocator()
         self.shm_name: str = getattr(allocator, "shm_name", None) or ""
@@ -316,32 +329,49 @@ class MPCacheServer:
         if not kv_cache:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, "register_kv_cache: empty KV cache list")
         _check_layout_hints(layout_hints)
-        if self._event_backend is not None:
-            try:
-                self._event_backend.check_event_support("cpu")
-            except RuntimeError as exc:
-                raise ProtocolError(ErrorCode.UNSUPPORTED_TRANSFER_MODE, str(exc)) from None
+        context, events = self._map_kv_cache(kv_cache)
         try:
-            context = self._create_cache_context(kv_cache, self.chunk_size)
-        except (ValueError, OSError, RuntimeError, NotImplementedError) as exc:
-            for wrapper in kv_cache:
-                wrapper.close()
-            raise ProtocolError(
-                ErrorCode.BAD_PAYLOAD, f"cannot map the registered KV cache: {exc}"
-            ) from None
-        layout: KVLayout = context.layout
-        self._replace_worker(
-            instance_id,
-            _Worker(model_name, world_size, layout, MPTransferMode.LMCACHE_DRIVEN, context),
-        )
+            layout = context.layout
+        except ValueError as exc:
+            context.close()
+            raise ProtocolError(ErrorCode.SHAPE_MISMATCH, f"register_kv_cache: {exc}") from None
+        worker = _Worker(model_name, world_size, layout, MPTransferMode.LMCACHE_DRIVEN, context)
+        worker.events = events
+        self._replace_worker(instance_id, worker)
         logger.info(
-            "registered LMCache-driven worker %d (%s, world size %d, %d layers, %s)",
+            "registered LMCache-driven worker %d (%s, world size %d, %d layers, %s, %s)",
             instance_id,
             model_name,
             world_size,
             layout.num_layers,
             dtype_name(layout.dtype),
+            context.device_type,
         )
+
+    def _map_kv_cache(self, kv_cache: list[Any]) -> tuple[BaseCacheContext, EventIPCBackend]:
+        """The cache context and event backend of the device the wrappers declare."""
+        try:
+            device_type = declared_device_type(kv_cache)
+            device = resolve_lmcache_driven_device(device_type, self._device_specs)
+            context = device.create_cache_context(kv_cache, self.chunk_size)
+        except LMCacheDrivenUnsupportedError as exc:
+            _close_wrappers(kv_cache)
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_TRANSFER_MODE, f"register_kv_cache: {exc}"
+            ) from None
+        except (ValueError, OSError, RuntimeError) as exc:
+            _close_wrappers(kv_cache)
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD, f"cannot map the registered KV cache: {exc}"
+            ) from None
+        try:
+            check_event_support(device, context)
+        except LMCacheDrivenUnsupportedError as exc:
+            context.close()
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_TRANSFER_MODE, f"register_kv_cache: {exc}"
+            ) from None
+        return context, device.events
 
     def unregister_kv_cache(self, instance_id: int) -> None:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "unregister_kv_cache")
@@ -381,7 +411,7 @@ class MPCacheServer:
         worker = self._worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
         spans = self._plan(key, worker)
         ids = self._block_ids(key, block_ids, worker.layout)
-        self._wait_worker_event(handle)
+        worker_event = self._import_worker_event(worker, handle)
         keys = self._keys(key, spans)
         todo = self._missing(keys)
         if not todo:
@@ -397,11 +427,11 @@ class MPCacheServer:
                     raise ProtocolError(ErrorCode.UNKNOWN_WORKER, "worker was unregistered")
                 self._block_transfer(
                     worker,
-                    worker.context.kv_tensors,
                     objs,
                     chunk_block_ids(ids, spans_todo, self.chunk_size, worker.layout.block_size),
                     TransferDirection.D2H,
                     0,
+                    worker_event,
                 )
         except BaseException:
             for obj in objs:
@@ -422,7 +452,7 @@ class MPCacheServer:
         worker = self._worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
         spans = self._plan(key, worker)
         ids = self._block_ids(key, block_ids, worker.layout)
-        self._wait_worker_event(handle)
+        worker_event = self._import_worker_event(worker, handle)
         objs = self._get_all(self._keys(key, spans))
         if objs is None:
             return b"", False
@@ -434,12 +464,7 @@ class MPCacheServer:
                 if worker.context is None or not worker.context.kv_tensors:
                     raise ProtocolError(ErrorCode.UNKNOWN_WORKER, "worker was unregistered")
                 self._block_transfer(
-                    worker,
-                    worker.context.kv_tensors,
-                    objs,
-                    ids,
-                    TransferDirection.H2D,
-                    skip_blocks,
+                    worker, objs, ids, TransferDirection.H2D, skip_blocks, worker_event
                 )
         finally:
             for obj in objs:
@@ -447,39 +472,44 @@ class MPCacheServer:
         self._count_retrieved(spans, worker, DIRECT_SUB_PATH)
         return b"", True
 
-    def _wait_worker_event(self, handle: bytes) -> None:
-        if not handle or self._event_backend is None:
-            return
+    def _import_worker_event(self, worker: _Worker, handle: bytes) -> Any:
+        """The worker's event (through its device's backend) the copy must follow, if any."""
+        if not handle or worker.events is None or worker.context is None:
+            return None
         try:
-            event = self._event_backend.import_event(handle, "cpu")
+            return worker.events.import_event(handle, worker.context.device)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"bad event handle: {exc}") from None
-        self._event_backend.synchronize_event(event, "cpu")
 
     def _block_transfer(
         self,
         worker: _Worker,
-        kv_tensors: list[torch.Tensor],
         objs: list[MemoryObj],
         ids: list[int],
         direction: TransferDirection,
         skip_blocks: int,
+        worker_event: Any,
     ) -> None:
-        layout = worker.layout
+        """The worker's cache context copies (after ``worker_event``); we wait for its event."""
+        context, events = worker.context, worker.events
+        assert context is not None and events is not None
+        token = context.hold_imported_event(worker_event) if worker_event is not None else None
         try:
-            self.ops.multi_layer_block_kv_transfer(
-                kv_tensors,
-                [self._transfer_view(o, layout) for o in objs],
-                ids,
-                "cpu",
+            done = context.transfer_blocks(
                 direction,
-                worker.context.get_shape_desc(0),
-                self.chunk_size,
-                layout.engine_kv_format,
+                [self._transfer_view(o, worker.layout) for o in objs],
+                ids,
                 skip_blocks,
+                worker_event,
             )
+            # The objects are committed or released right after: the copy must be complete.
+            if done is not None:
+                events.synchronize_event(done, context.device)
         except (ValueError, IndexError, RuntimeError) as exc:
             raise ProtocolError(ErrorCode.SHAPE_MISMATCH, f"block transfer failed: {exc}") from None
+        finally:
+            if token is not None:
+                context.release_imported_event(token)
 
     # -- engine-driven ------------------------------------------------------------------------
 

@@ -96,9 +96,7 @@ class AffinityThreadPool:
 
 def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     """Storage (L1 with optional SHM, optional disk L2) and the server state around it."""
-    from lmcache.v1.platform import resolve_device_ops
-    from lmcache.v1.platform.cache_context import create_cache_context
-    from lmcache.v1.platform.cpu.event_ipc import HostEventIPCBackend
+    from lmcache.v1.platform import get_device_spec
     from lmcache.v1.platform.cpu.shm import unlink_segment
 
     adapters = [parse_l2_adapter(raw) for raw in config.l2_adapters]
@@ -126,9 +124,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     return MPCacheServer(
         settings,
         storage,
-        resolve_device_ops("cpu"),
-        create_cache_context,
-        event_backend=HostEventIPCBackend(),
+        get_device_spec,
         unlink_segment=unlink_segment,
         enable_metrics=not config.disable_metrics,
     )

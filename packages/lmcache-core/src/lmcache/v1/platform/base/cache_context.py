@@ -2,7 +2,9 @@
 
 LMCache-driven mode maps a worker's KV tensors into the server process (through the
 device's ``DeviceIPCWrapper``); the cache context owns those mappings, the layout
-description the copy kernels need, and any staging buffers.
+description the copy kernels need, and any staging buffers.  It also *does* the copies:
+the cache server calls :meth:`BaseCacheContext.transfer_blocks` and waits on the event it
+returns through the device's own ``EventIPCBackend``, so the server never names a device.
 """
 
 from __future__ import annotations
@@ -10,9 +12,14 @@ from __future__ import annotations
 import abc
 import itertools
 import threading
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from lmcache.v1.multiprocess.kv_layout import KVLayout
+    from lmcache.v1.platform.ops_types import PageBufferShapeDesc, TransferDirection
 
 
 class BaseCacheContext(abc.ABC):
@@ -52,6 +59,35 @@ class BaseCacheContext(abc.ABC):
     def release_imported_event(self, token: int) -> None:
         with self._events_lock:
             self._imported_events.pop(token, None)
+
+    @property
+    @abc.abstractmethod
+    def layout(self) -> KVLayout:
+        """The paged geometry the server plans chunks with (``ValueError`` if it has none)."""
+
+    @abc.abstractmethod
+    def get_shape_desc(self, group_idx: int = 0) -> PageBufferShapeDesc:
+        """The paged-buffer description of KV group ``group_idx`` for the copy kernels."""
+
+    @abc.abstractmethod
+    def transfer_blocks(
+        self,
+        direction: TransferDirection,
+        objects: Sequence[torch.Tensor],
+        block_ids: Sequence[int] | torch.Tensor,
+        skip_prefix_n_blocks: int = 0,
+        wait_for: Any = None,
+    ) -> Any:
+        """Copy whole blocks between the mapped KV cache and LMCache chunk objects.
+
+        ``D2H`` gathers ``block_ids`` into ``objects`` (host views shaped
+        ``layout.transfer_shape(chunk_size)``), ``H2D`` scatters them back; the first
+        ``skip_prefix_n_blocks`` block positions are left alone.  The copy must follow
+        ``wait_for`` (an event the server imported from the worker through this device's
+        ``EventIPCBackend``, or ``None``) without blocking the host.  Returns an event of that
+        backend which completes with the copy; the server waits on it with
+        ``synchronize_event`` before it touches the objects again.
+        """
 
     @abc.abstractmethod
     def cache_size_per_token(self) -> int:

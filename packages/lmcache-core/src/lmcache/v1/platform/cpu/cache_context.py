@@ -2,8 +2,9 @@
 
 The worker's per-layer KV tensors are mapped into the server (zero-copy) through their
 ``CpuShmTensorWrapper``s; ``store`` gathers blocks straight out of those pages and
-``retrieve`` scatters straight into them.  Host copies are synchronous, so there is no
-stream: ``stream`` is ``None``.
+``retrieve`` scatters straight into them (:meth:`CPUCacheContext.transfer_blocks`, with
+the cpu backend's ops).  Host copies are synchronous, so there is no stream (``stream`` is
+``None``) and the event ``transfer_blocks`` returns is already complete.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 from lmcache.v1.multiprocess.kv_layout import KVLayout
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
-from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
+from lmcache.v1.platform.cpu.event_ipc import HostEvent
+from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 
 
 class CPUCacheContext(BaseCacheContext):
@@ -37,14 +39,18 @@ class CPUCacheContext(BaseCacheContext):
             for tensor in tensors:
                 if tensor.device.type != "cpu":
                     raise ValueError(f"CPUCacheContext got a tensor on {tensor.device}")
-            self.layout = KVLayout.from_tensors(tensors)
-            self.layout.check_chunk_size(lmcache_tokens_per_chunk)
+            self._layout = KVLayout.from_tensors(tensors)
+            self._layout.check_chunk_size(lmcache_tokens_per_chunk)
         except BaseException:
             self._close_wrappers()
             raise
         super().__init__(kv_caches=tensors, device=torch.device("cpu"), num_layers=len(tensors))
         self.lmcache_tokens_per_chunk = lmcache_tokens_per_chunk
         self._shape_desc = self.layout.shape_desc()
+
+    @property
+    def layout(self) -> KVLayout:
+        return self._layout
 
     @property
     def stream(self) -> None:
@@ -66,6 +72,33 @@ class CPUCacheContext(BaseCacheContext):
 
     def cache_size_per_token(self) -> int:
         return self.layout.bytes_per_token()
+
+    def transfer_blocks(
+        self,
+        direction: TransferDirection,
+        objects: Sequence[torch.Tensor],
+        block_ids: Sequence[int] | torch.Tensor,
+        skip_prefix_n_blocks: int = 0,
+        wait_for: Any = None,
+    ) -> HostEvent:
+        """Gather (D2H) or scatter (H2D) blocks with the cpu backend's ops, synchronously.
+
+        ``wait_for`` needs no wait: a host event is complete once the worker sends it.
+        """
+        from lmcache.v1.platform import resolve_device_ops
+
+        resolve_device_ops(self.device_type).multi_layer_block_kv_transfer(
+            self.kv_tensors,
+            list(objects),
+            block_ids,
+            self.device,
+            direction,
+            self._shape_desc,
+            self.lmcache_tokens_per_chunk,
+            self.layout.engine_kv_format,
+            skip_prefix_n_blocks,
+        )
+        return HostEvent()
 
     @property
     def shm_names(self) -> list[str]:
