@@ -62,6 +62,19 @@ def resolve_device_ops(device_type: str | None = None) -> DeviceOps:
     return _resolve_device_spec(device_type).get_ops()
 
 
+def serving_device_type(torch_device_type: str) -> str:
+    """The device type whose backend serves tensors on the torch device ``torch_device_type``.
+
+    Usually that same name.  A *selected* backend whose torch module is that device but whose
+    device type differs (a backend over another device's memory, such as a host-memory
+    simulator) serves them instead, so its wrapper, cache context and event IPC are used.
+    """
+    spec = get_selection().spec
+    if spec.torch_module_name == torch_device_type and spec.device_type != torch_device_type:
+        return spec.device_type
+    return torch_device_type
+
+
 def resolve_kv_wrapper_factory(device_type: str) -> Any:
     """``ipc_wrapper_cls.wrap`` of the backend serving ``device_type``."""
     spec = get_device_spec(device_type)
@@ -93,6 +106,7 @@ __all__ = [
     "get_torch_device",
     "resolve_device_ops",
     "resolve_kv_wrapper_factory",
+    "serving_device_type",
     "synchronize_device",
     "torch_dev",
     "torch_device_type",

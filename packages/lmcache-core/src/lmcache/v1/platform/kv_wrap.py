@@ -15,18 +15,24 @@ logger = logging.getLogger(__name__)
 KVCache = list[Any]
 
 
-def wrap_one_kv_cache(tensor: torch.Tensor) -> Any:
-    """The device's ``DeviceIPCWrapper`` for ``tensor`` (via ``ipc_wrapper_cls.wrap``)."""
-    return resolve_kv_wrapper_factory(tensor.device.type)(tensor)
+def wrap_one_kv_cache(tensor: torch.Tensor, device_type: str | None = None) -> Any:
+    """The device's ``DeviceIPCWrapper`` for ``tensor`` (via ``ipc_wrapper_cls.wrap``).
+
+    ``device_type`` names the serving backend's device type when it is not the tensor's own
+    (see :func:`lmcache.v1.platform.serving_device_type`).
+    """
+    return resolve_kv_wrapper_factory(device_type or tensor.device.type)(tensor)
 
 
-def wrap_kv_caches(kv_caches: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> KVCache:
+def wrap_kv_caches(
+    kv_caches: Mapping[str, torch.Tensor] | Sequence[torch.Tensor], device_type: str | None = None
+) -> KVCache:
     """One wrapper per layer, in layer order; partial wrappers are closed on failure."""
     tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
     wrappers: KVCache = []
     try:
         for tensor in tensors:
-            wrappers.append(wrap_one_kv_cache(tensor))
+            wrappers.append(wrap_one_kv_cache(tensor, device_type))
     except BaseException:
         for wrapper in wrappers:
             try:

@@ -40,7 +40,7 @@ from lmcache.v1.multiprocess.custom_types import (
 )
 from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_from_name, dtype_name
 from lmcache.v1.multiprocess.transfer_mode import MPTransferMode, resolve_transfer_mode
-from lmcache.v1.platform import get_device_spec
+from lmcache.v1.platform import get_device_spec, serving_device_type
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 from lmcache.v1.platform.ops_types import TransferDirection
 
@@ -185,7 +185,7 @@ class LMCacheDrivenTransferContext(TransferContext):
         kv = _tensor_list(kv_caches)
         self._events = require_event_ipc(self.device_type, kv[0].device)
         layout = self._setup(kv, blocks_in_chunk)
-        self._wrappers = wrap_kv_caches(kv)
+        self._wrappers = wrap_kv_caches(kv, self.device_type)
         self.req_client.register_kv_cache(
             self.instance_id,
             self._wrappers,
@@ -260,16 +260,15 @@ class LMCacheDrivenTransferContext(TransferContext):
 
     def close(self) -> None:
         super().close()
-        names = {getattr(w, "shm_name", "") for w in self._wrappers}
+        from lmcache.v1.platform.cpu.shm import CpuShmTensorWrapper, unlink_segment
+
+        names = {w.shm_name for w in self._wrappers if isinstance(w, CpuShmTensorWrapper)}
         for wrapper in self._wrappers:
             wrapper.close()
         self._wrappers = []
-        if self.device_type == "cpu":
-            from lmcache.v1.platform.cpu.shm import unlink_segment
-
-            # The segments stay mapped (and valid) in this process; only the names go.
-            for name in names - {""}:
-                unlink_segment(name)
+        # The segments stay mapped (and valid) in this process; only the names go.
+        for name in names - {""}:
+            unlink_segment(name)
 
 
 # ----------------------------------------------------------------------------------------
@@ -570,6 +569,7 @@ def create_transfer_context(
     if len(device_types) != 1:
         raise ValueError(f"KV-cache tensors span several device types: {sorted(device_types)}")
     (device_type,) = device_types
+    device_type = serving_device_type(device_type)
     resolved = resolve_transfer_mode(mode)
     if resolved is MPTransferMode.AUTO:
         resolved = (

@@ -2,7 +2,9 @@
 
 A wrapper travels as msgpack Ext code 1 holding one of these structs; the tag names the
 wrapper kind (``cuda``, ``cuda_raw``, ``cuda_vmm``, ``cpu_shm``, ``musa``, ``npu``) so
-decoding is an allowlist: unknown tags and unknown fields are rejected.
+decoding is an allowlist: unknown tags and unknown fields are rejected.  A wrapper of an
+out-of-tree backend travels as :class:`PluginIPCData`: its ``kind`` must be a tag some
+registered backend's wrapper claimed, and its ``payload`` is that wrapper's own msgpack.
 """
 
 from __future__ import annotations
@@ -66,6 +68,20 @@ class NpuIPCData(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="
     planes: tuple[NpuPlaneData, ...]
 
 
+class PluginIPCData(IPCData, tag="plugin"):
+    """A wrapper whose kind core does not know: decoded only by the wrapper registered under
+    ``kind``, which decodes ``payload`` with its own typed ``msgspec`` struct (never pickle)."""
+
+    kind: str
+    payload: bytes
+
+
 WireIPCData = (
-    CudaIPCData | RawCudaIPCData | VmmCudaIPCData | CpuShmIPCData | MusaIPCData | NpuIPCData
+    CudaIPCData
+    | RawCudaIPCData
+    | VmmCudaIPCData
+    | CpuShmIPCData
+    | MusaIPCData
+    | NpuIPCData
+    | PluginIPCData
 )

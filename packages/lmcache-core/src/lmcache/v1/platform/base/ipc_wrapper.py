@@ -13,7 +13,13 @@ from typing import Any, ClassVar
 import msgspec
 import torch
 
-from lmcache.v1.platform.base.ipc_wire import IPCData, NpuIPCData, TensorMetadata, WireIPCData
+from lmcache.v1.platform.base.ipc_wire import (
+    IPCData,
+    NpuIPCData,
+    PluginIPCData,
+    TensorMetadata,
+    WireIPCData,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +159,8 @@ class DeviceIPCWrapper:
                 "wrappers are refused"
             ) from exc
         tag = str(type(wire).__struct_config__.tag)
+        if isinstance(wire, PluginIPCData):
+            tag = wire.kind
         wrapper_cls = registered_ipc_wrappers().get(tag)
         if wrapper_cls is None:
             # Wrapper classes register on import, which plugins keep lazy; pull in every
