@@ -6,8 +6,9 @@ from typing import Any
 
 import msgspec
 import pytest
+import torch
 
-from lmcache.v1.platform.base.ipc_wire import CpuShmIPCData, TensorMetadata
+from lmcache.v1.platform.base.ipc_wire import CpuShmIPCData, PluginIPCData, TensorMetadata
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 
 
@@ -66,3 +67,38 @@ def test_metadata_round_trips() -> None:
     )
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(data), type=CpuShmIPCData)
     assert decoded == data
+
+
+def _meta() -> TensorMetadata:
+    return TensorMetadata(
+        dtype="float16", shape=(2,), stride=(1,), storage_offset=0, device_uuid=""
+    )
+
+
+def test_plugin_kind_must_be_registered() -> None:
+    data = PluginIPCData(kind="no_such_kind", metadata=_meta(), payload=b"\x80")
+    with pytest.raises(ValueError, match="'no_such_kind' is not supported"):
+        DeviceIPCWrapper.Deserialize(msgspec.msgpack.encode(data))
+
+
+def test_plugin_kind_decodes_through_its_registered_wrapper() -> None:
+    from lmcache.v1.platform.base.ipc_wrapper import register_ipc_wrapper
+
+    @register_ipc_wrapper("test_plugin_kind")
+    class Kind(DeviceIPCWrapper):
+        @classmethod
+        def from_wire(cls, data: Any) -> DeviceIPCWrapper:
+            assert isinstance(data, PluginIPCData)
+            return cls(msgspec.msgpack.decode(data.payload, type=str), torch.float16, (2,), (1,))
+
+        def to_wire(self) -> PluginIPCData:
+            payload = msgspec.msgpack.encode(self.handle)
+            return PluginIPCData(kind="test_plugin_kind", metadata=_meta(), payload=payload)
+
+    wrapper = Kind("segment-7", torch.float16, (2,), (1,))
+    decoded = DeviceIPCWrapper.Deserialize(DeviceIPCWrapper.Serialize(wrapper))
+    assert type(decoded) is Kind and decoded.handle == "segment-7"
+    # A plugin kind never reaches a core wrapper that expects its own struct.
+    forged = PluginIPCData(kind="cpu_shm", metadata=_meta(), payload=b"")
+    with pytest.raises(ValueError, match="expected CpuShmIPCData"):
+        DeviceIPCWrapper.Deserialize(msgspec.msgpack.encode(forged))

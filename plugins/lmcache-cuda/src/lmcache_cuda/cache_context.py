@@ -6,6 +6,11 @@ tensors, a private copy stream, the per-layer pointer table the kernels read, an
 handshake that orders the server's copies after the worker's writes (and the worker's next
 use after the server's reads) without any device-wide synchronization.
 
+The MP cache server drives it through the ``BaseCacheContext`` contract: it reads
+:attr:`CudaCacheContext.layout` at registration, then calls
+:meth:`CudaCacheContext.transfer_blocks` with the worker's event (imported through the CUDA
+event-IPC backend) and waits on the event it returns.
+
 Positional arguments after the wrappers follow upstream's factory order
 (``lmcache_tokens_per_chunk, layout_hints, engine_group_infos, engine_type, ...``); only the
 chunk size and an optional ``engine_kv_format`` (keyword, or on ``layout_hints``) are used.
@@ -18,9 +23,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from lmcache.v1.multiprocess.kv_layout import KVLayout
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 from lmcache.v1.platform.torch_ops._kv_format import PagedLayout, paged_layout_from_tensors
+
+# The engine layouts the MP server's ``KVLayout`` understands.
+_SERVER_FORMATS = (EngineKVFormat.NL_X_TWO_NB_BS_NH_HS, EngineKVFormat.NL_X_NB_BS_HS)
 
 # Engine tensor rank -> layout when the worker sent no hint (vLLM's defaults).
 _DEFAULT_FORMAT_BY_RANK = {
@@ -94,6 +103,7 @@ class CudaCacheContext(BaseCacheContext):
         self._chunk_tokens = int(lmcache_tokens_per_chunk)
         self._stream: torch.cuda.Stream | None = None
         self._pointer_table: torch.Tensor | None = None
+        self._server_layout: KVLayout | None = None
 
     # -- layout ---------------------------------------------------------------------------
     @property
@@ -118,7 +128,23 @@ class CudaCacheContext(BaseCacheContext):
         row = layout.num_heads * layout.head_width * itemsize
         return layout.spec.kv_size * layout.num_layers * row
 
-    def get_shape_desc(self) -> PageBufferShapeDesc:
+    @property
+    def layout(self) -> KVLayout:
+        """The MP server's chunk geometry (per-layer flash-attention or MLA caches only)."""
+        if self._server_layout is None:
+            if self._format not in _SERVER_FORMATS:
+                raise ValueError(
+                    f"the MP cache server plans chunks for per-layer [2, NB, BS, NH, HS] or "
+                    f"MLA [NB, BS, HS] caches, not {self._format.name}"
+                )
+            layout = KVLayout.from_tensors(self.kv_tensors)
+            layout.check_chunk_size(self._chunk_tokens)
+            self._server_layout = layout
+        return self._server_layout
+
+    def get_shape_desc(self, group_idx: int = 0) -> PageBufferShapeDesc:
+        if group_idx != 0:
+            raise IndexError(f"CudaCacheContext has one KV group, not group {group_idx}")
         layout = self._layout
         itemsize = torch.empty(0, dtype=layout.dtype).element_size()
         return PageBufferShapeDesc(
@@ -155,7 +181,7 @@ class CudaCacheContext(BaseCacheContext):
     def transfer_blocks(
         self,
         direction: TransferDirection,
-        objects: Sequence[Any],
+        objects: Sequence[torch.Tensor],
         block_ids: Sequence[int] | torch.Tensor,
         skip_prefix_n_blocks: int = 0,
         wait_for: Any = None,
