@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 
 from lmcache.v1.multiprocess.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.mp_cache_server import MPCacheServer
+from lmcache.v1.multiprocess.security import http_reach, warn_if_exposed
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,12 @@ class HTTPFrontend:
             self._sock.close()
             raise
         self.host, self.port = host, int(self._sock.getsockname()[1])
+        warn_if_exposed(
+            "the HTTP frontend",
+            host,
+            self.port,
+            http_reach(engine.settings.admin, allow_cache_clear),
+        )
         config = uvicorn.Config(
             build_app(engine, is_serving, allow_cache_clear),
             log_level="warning",
@@ -160,6 +167,7 @@ class PrometheusEndpoint:
 
         self._server, self._thread = start_http_server(port, addr=host, registry=registry)
         self.port = int(self._server.server_address[1])
+        warn_if_exposed("the Prometheus endpoint", host, self.port, "read the metrics")
 
     def stop(self) -> None:
         self._server.shutdown()
