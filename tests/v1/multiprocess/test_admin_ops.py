@@ -7,16 +7,14 @@ Servers bind 0.0.0.0 in one test only; every connection goes to 127.0.0.1."""
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-import torch
 import zmq
-from mp_server_helpers import BASE_ARGS, CHUNK_SIZE, ServerProcess, free_port, make_kv, unlink_kv
+from mp_server_helpers import BASE_ARGS, ServerProcess, Stored, free_port
 
 from lmcache.v1.multiprocess import protocol
 from lmcache.v1.multiprocess.client import MPClient, ServerError
@@ -30,12 +28,9 @@ from lmcache.v1.multiprocess.security import (
     resolve_admin_token,
     warn_if_exposed,
 )
-from lmcache.v1.multiprocess.worker import KVCacheWorker
 
 TOKEN = "s3cret-admin-token-" + "0123456789abcdef"
 WRONG = "not-the-admin-token-0123456789abcdef"
-TOKENS = list(range(11, 11 + 3 * CHUNK_SIZE))
-BLOCKS = list(range(len(TOKENS) // 4))
 
 # Every wire operation that is *not* admin, reviewed: each either touches only the caller's
 # own request/worker state or reads.  A new operation must be added here or marked admin.
@@ -89,48 +84,17 @@ def _engine_server(factory: Callable[..., ServerProcess], *args: str) -> ServerP
     return factory("--supported-transfer-mode", "engine_driven", *args)
 
 
-class Stored:
-    """A worker that stored TOKENS, and what it stored (to check a retrieve bit for bit)."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.kv = make_kv(seed=7)
-        self.expected = [layer[:, BLOCKS].clone() for layer in self.kv]
-        self.worker = KVCacheWorker(
-            self.kv,
-            model_name=f"admin-{uuid.uuid4().hex[:8]}",
-            server_url=server.url,
-            mode="engine_driven",
-            sub_path="shm",
-        )
-        assert self.worker.store(TOKENS, BLOCKS)
-        assert self.worker.lookup(TOKENS) == len(TOKENS)
-
-    def retrieves_bit_exact(self) -> bool:
-        for layer in self.kv:
-            layer.zero_()
-        if not self.worker.retrieve(TOKENS, BLOCKS):
-            return False
-        return all(torch.equal(layer[:, BLOCKS], e) for layer, e in zip(self.kv, self.expected))
-
-    def is_gone(self) -> bool:
-        return self.worker.lookup(TOKENS) == 0
-
-    def close(self) -> None:
-        self.worker.close()
-        unlink_kv(self.kv)
+@pytest.fixture(scope="module")
+def plain_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """Started without any admin flag."""
+    return _engine_server(server_factory)
 
 
-@pytest.fixture
-def stored() -> Iterator[Callable[[ServerProcess], Stored]]:
-    made: list[Stored] = []
-
-    def make(server: ServerProcess) -> Stored:
-        made.append(Stored(server))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.close()
+@pytest.fixture(scope="module")
+def token_server(server_factory: Callable[..., ServerProcess], token_file: Path) -> ServerProcess:
+    return _engine_server(
+        server_factory, "--enable-admin-ops", "--admin-token-file", str(token_file)
+    )
 
 
 def _raw_request(url: str, operation: Any, *payloads: Any) -> list[Any]:
@@ -224,92 +188,76 @@ def test_token_checks_and_never_shows_in_reprs() -> None:
 # -- the wire --------------------------------------------------------------------------------
 
 
-def test_anonymous_clear_is_refused_and_data_survives(
-    server_factory: Callable[..., ServerProcess], stored: Callable[[ServerProcess], Stored]
-) -> None:
-    server = _engine_server(server_factory)
-    data = stored(server)
-    # Legacy id 20 as upstream sends it, with and without force, and by name; the token
-    # slot changes nothing while admin operations are off.
-    for operation, payloads in [
-        (20, ()),
-        (20, (True,)),
-        ("clear", (True, TOKEN)),
-    ]:
-        reply = _raw_request(server.url, operation, *payloads)
-        assert _error_code(reply) == "forbidden"
-        assert "--enable-admin-ops" in reply[2]["message"]
-    with server.client() as client, pytest.raises(ServerError) as info:
-        client.clear(force=True)
-    assert info.value.code == "forbidden"
-    assert data.retrieves_bit_exact()
-    assert "refused admin request clear" in server.log()
+def test_anonymous_clear_is_refused_and_data_survives(plain_server: ServerProcess) -> None:
+    server = plain_server
+    with Stored(server) as data:
+        # Legacy id 20 as upstream sends it, with and without force, and by name; the token
+        # slot changes nothing while admin operations are off.
+        for operation, payloads in [
+            (20, ()),
+            (20, (True,)),
+            ("clear", (True, TOKEN)),
+        ]:
+            reply = _raw_request(server.url, operation, *payloads)
+            assert _error_code(reply) == "forbidden"
+            assert "--enable-admin-ops" in reply[2]["message"]
+        with server.client() as client, pytest.raises(ServerError) as info:
+            client.clear(force=True)
+        assert info.value.code == "forbidden"
+        assert data.retrieves_bit_exact()
+        assert "refused admin request clear" in server.log()
 
 
-def test_every_admin_operation_is_refused_without_the_flag(
-    server_factory: Callable[..., ServerProcess],
-) -> None:
-    server = _engine_server(server_factory)
+def test_every_admin_operation_is_refused_without_the_flag(plain_server: ServerProcess) -> None:
+    server = plain_server
     for name in sorted(protocol.ADMIN_OPERATIONS):
         assert protocol.RPC_SPECS[name].min_payloads == 0, f"give {name} valid payloads here"
         assert _error_code(_raw_request(server.url, name)) == "forbidden", name
 
 
-def test_flag_without_token_allows_clear(
-    server_factory: Callable[..., ServerProcess], stored: Callable[[ServerProcess], Stored]
-) -> None:
+def test_flag_without_token_allows_clear(server_factory: Callable[..., ServerProcess]) -> None:
     server = _engine_server(server_factory, "--enable-admin-ops")
-    data = stored(server)
-    reply = _raw_request(server.url, 20)  # upstream's form: no payload at all
-    assert not protocol.is_error_operation(reply[1]), reply
-    assert data.is_gone()
-    assert not data.retrieves_bit_exact()
+    with Stored(server) as data:
+        reply = _raw_request(server.url, 20)  # upstream's form: no payload at all
+        assert not protocol.is_error_operation(reply[1]), reply
+        assert data.is_gone()
+        assert not data.retrieves_bit_exact()
 
 
-def test_token_is_required_when_configured(
-    server_factory: Callable[..., ServerProcess],
-    stored: Callable[[ServerProcess], Stored],
-    token_file: Path,
-) -> None:
-    server = _engine_server(
-        server_factory, "--enable-admin-ops", "--admin-token-file", str(token_file)
-    )
-    data = stored(server)
-    with server.client() as client:
-        with pytest.raises(ServerError) as missing:
-            client.clear()
-        assert missing.value.code == "unauthorized" and "none was presented" in str(missing.value)
-        with pytest.raises(ServerError) as wrong:
-            client.clear(admin_token=WRONG)
-        assert wrong.value.code == "unauthorized" and "wrong" in str(wrong.value)
-    assert _error_code(_raw_request(server.url, 20, False, TOKEN.upper())) == "unauthorized"
-    assert _error_code(_raw_request(server.url, 20, False, "")) == "unauthorized"
-    assert data.retrieves_bit_exact()
+def test_token_is_required_when_configured(token_server: ServerProcess) -> None:
+    server = token_server
+    with Stored(server) as data:
+        with server.client() as client:
+            with pytest.raises(ServerError) as missing:
+                client.clear()
+            assert missing.value.code == "unauthorized"
+            assert "none was presented" in missing.value.message
+            with pytest.raises(ServerError) as wrong:
+                client.clear(admin_token=WRONG)
+            assert wrong.value.code == "unauthorized" and "wrong" in str(wrong.value)
+        assert _error_code(_raw_request(server.url, 20, False, TOKEN.upper())) == "unauthorized"
+        assert _error_code(_raw_request(server.url, 20, False, "")) == "unauthorized"
+        assert data.retrieves_bit_exact()
 
-    with MPClient(server.url, timeout=10, admin_token=TOKEN) as admin:
-        admin.clear()
-    assert data.is_gone()
-    assert not data.retrieves_bit_exact()
+        with MPClient(server.url, timeout=10, admin_token=TOKEN) as admin:
+            admin.clear()
+        assert data.is_gone()
+        assert not data.retrieves_bit_exact()
 
-    log = server.log()
-    assert "refused admin request clear (missing admin token)" in log
-    assert TOKEN not in log and WRONG not in log
+        log = server.log()
+        assert "refused admin request clear (missing admin token)" in log
+        assert TOKEN not in log and WRONG not in log
 
 
 def test_client_presents_the_token_from_the_environment(
-    server_factory: Callable[..., ServerProcess],
-    stored: Callable[[ServerProcess], Stored],
-    token_file: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    token_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = _engine_server(
-        server_factory, "--enable-admin-ops", "--admin-token-file", str(token_file)
-    )
-    data = stored(server)
-    monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
-    with server.client() as client:
-        client.clear()
-    assert data.is_gone()
+    server = token_server
+    with Stored(server) as data:
+        monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+        with server.client() as client:
+            client.clear()
+        assert data.is_gone()
 
 
 def test_unreadable_token_file_stops_the_server_before_it_allocates(tmp_path: Path) -> None:
