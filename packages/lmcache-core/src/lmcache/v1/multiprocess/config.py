@@ -215,7 +215,7 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
         "--enable-http-cache-clear",
         action="store_true",
         help="Serve POST /cache/clear (off by default: it drops every cached object). With an "
-        "admin token configured, the request must carry 'Authorization: Bearer <token>'.",
+        "admin token configured, the request must carry 'Authorization: Bearer TOKEN'.",
     )
 
 
