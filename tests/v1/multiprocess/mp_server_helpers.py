@@ -32,7 +32,12 @@ class ServerProcess:
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
+        # A developer's LMCACHE_ADMIN_TOKEN would make test servers demand it.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("LMCACHE_MP_") and k != "LMCACHE_ADMIN_TOKEN"
+        }
         env["LMCACHE_LOG_LEVEL"] = "WARNING"
         # The HTTP frontend and the Prometheus endpoint are off unless a test asks for them
         # (their default ports would collide between concurrent servers).
