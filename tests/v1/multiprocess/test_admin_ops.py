@@ -185,6 +185,23 @@ def test_token_checks_and_never_shows_in_reprs() -> None:
     assert TOKEN not in repr(MPServerConfig(admin_token=TOKEN))
 
 
+def test_refused_admin_requests_are_logged_rate_limited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from lmcache.v1.multiprocess.mp_cache_server import _RefusalLog
+
+    limited = _RefusalLog(interval_s=3600)
+    with caplog.at_level(logging.WARNING, logger="lmcache.v1.multiprocess.mp_cache_server"):
+        for _ in range(5):
+            limited.note("clear", "admin operations are off")
+        assert len(caplog.records) == 1
+        every = _RefusalLog(interval_s=0)
+        every.note("clear", "wrong admin token")
+        every.note("clear", "wrong admin token")
+    assert len(caplog.records) == 3
+    assert all("refused admin request clear" in r.getMessage() for r in caplog.records)
+
+
 # -- the wire --------------------------------------------------------------------------------
 
 
