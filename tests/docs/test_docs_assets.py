@@ -3,11 +3,13 @@ Grafana dashboard are well-formed and use only metrics the server exports."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import jsonschema
 import yaml
@@ -32,7 +34,7 @@ def test_kubernetes_example_matches_the_schema() -> None:
     schema = json.loads((Path(__file__).parent / "k8s_schema.json").read_text())
     text = (DOCS / "k8s" / "lmcache-server.yaml").read_text()
     documents = [d for d in yaml.safe_load_all(text) if d]
-    assert [d["kind"] for d in documents] == ["Deployment", "Service", "Pod"]
+    assert [d["kind"] for d in documents] == ["Deployment", "Service", "NetworkPolicy", "Pod"]
     for document in documents:
         jsonschema.validate(document, schema)
     server = documents[0]["spec"]["template"]["spec"]["containers"][0]
@@ -42,12 +44,62 @@ def test_kubernetes_example_matches_the_schema() -> None:
     assert f"--http-port={named['http']}" in server["args"]
     assert f"--prometheus-port={named['metrics']}" in server["args"]
     assert {p["targetPort"] for p in documents[1]["spec"]["ports"]} <= set(named)
-    vllm_args = documents[2]["spec"]["containers"][0]["args"]
+    vllm_args = documents[3]["spec"]["containers"][0]["args"]
     config = json.loads(vllm_args[vllm_args.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "LMCacheMPConnector"
     extra = config["kv_connector_extra_config"]
     assert extra["lmcache.mp.port"] == named["zmq"]
     assert extra["lmcache.mp.host"] == f"tcp://{documents[1]['metadata']['name']}"
+
+
+def _k8s_documents() -> list[dict[str, Any]]:
+    text = (DOCS / "k8s" / "lmcache-server.yaml").read_text()
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_kubernetes_example_server_args_parse_and_admin_token_comes_from_a_secret() -> None:
+    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args
+
+    deployment = _k8s_documents()[0]
+    pod = deployment["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    parser = argparse.ArgumentParser()
+    add_mp_server_args(parser)
+    config = config_from_args(parser.parse_args(server["args"]))  # every flag exists
+    assert config.enable_admin_ops
+    assert config.admin_token is None, "a literal token in the manifest"
+    assert not any(
+        e["name"] == "LMCACHE_ADMIN_TOKEN" and "value" in e for e in server.get("env", [])
+    )
+    assert config.admin_token_file
+    token_dir = str(PurePosixPath(config.admin_token_file).parent)
+    (mount,) = [m for m in server["volumeMounts"] if m["mountPath"] == token_dir]
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"]
+
+
+def test_kubernetes_network_policy_admits_only_clients_and_prometheus() -> None:
+    deployment, service, policy, vllm = _k8s_documents()
+    template = deployment["spec"]["template"]
+    server = template["spec"]["containers"][0]
+    named = {p["name"] for p in server["ports"]}
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= template["metadata"]["labels"].items()
+    assert "Ingress" in policy["spec"]["policyTypes"]
+    opened: dict[str, list[dict[str, Any]]] = {}
+    for rule in policy["spec"]["ingress"]:
+        assert rule["from"], "a rule without 'from' admits every pod"
+        for port in rule["ports"]:
+            assert port["port"] in named, f"the policy opens {port['port']!r}, not a server port"
+            opened.setdefault(port["port"], []).extend(rule["from"])
+    # The ZMQ port (store/read any chunk) only to the vLLM pod's client label.
+    (zmq_peer,) = opened["zmq"]
+    assert set(zmq_peer) == {"podSelector"}
+    assert zmq_peer["podSelector"]["matchLabels"].items() <= vllm["metadata"]["labels"].items()
+    # HTTP (/status, POST /cache/clear) is left to the node (probes) and port-forward.
+    assert "http" not in opened
+    assert set(opened) <= {p["targetPort"] for p in service["spec"]["ports"]}
 
 
 def _exported_families() -> set[str]:

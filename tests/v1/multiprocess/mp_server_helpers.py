@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -31,7 +32,12 @@ class ServerProcess:
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
+        # A developer's LMCACHE_ADMIN_TOKEN would make test servers demand it.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("LMCACHE_MP_") and k != "LMCACHE_ADMIN_TOKEN"
+        }
         env["LMCACHE_LOG_LEVEL"] = "WARNING"
         # The HTTP frontend and the Prometheus endpoint are off unless a test asks for them
         # (their default ports would collide between concurrent servers).
@@ -105,3 +111,49 @@ def unlink_kv(kv: list[torch.Tensor]) -> None:
         name = shm_segment_of(tensor)
         if name:
             unlink_segment(name)
+
+
+STORED_TOKENS = list(range(11, 11 + 3 * CHUNK_SIZE))
+STORED_BLOCKS = list(range(len(STORED_TOKENS) // 4))
+
+
+class Stored:
+    """A worker that stored STORED_TOKENS and a copy of what it stored, so a later retrieve
+    is checked bit for bit.  A context manager: closes the worker, unlinks its KV cache."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        from lmcache.v1.multiprocess.worker import KVCacheWorker
+
+        self.kv = make_kv(seed=7)
+        self.expected = [layer[:, STORED_BLOCKS].clone() for layer in self.kv]
+        self.worker = KVCacheWorker(
+            self.kv,
+            model_name=f"stored-{uuid.uuid4().hex[:8]}",
+            server_url=server.url,
+            mode="engine_driven",
+            sub_path="shm",
+        )
+        assert self.worker.store(STORED_TOKENS, STORED_BLOCKS)
+        assert self.worker.lookup(STORED_TOKENS) == len(STORED_TOKENS)
+
+    def retrieves_bit_exact(self) -> bool:
+        for layer in self.kv:
+            layer.zero_()
+        if not self.worker.retrieve(STORED_TOKENS, STORED_BLOCKS):
+            return False
+        return all(
+            torch.equal(layer[:, STORED_BLOCKS], e) for layer, e in zip(self.kv, self.expected)
+        )
+
+    def is_gone(self) -> bool:
+        return self.worker.lookup(STORED_TOKENS) == 0
+
+    def close(self) -> None:
+        self.worker.close()
+        unlink_kv(self.kv)
+
+    def __enter__(self) -> Stored:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

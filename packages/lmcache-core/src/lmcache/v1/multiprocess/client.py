@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from lmcache.v1.multiprocess.custom_types import (
     RegisterEngineDrivenContextResponse,
     ServerStats,
 )
+from lmcache.v1.multiprocess.security import ADMIN_TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +83,11 @@ class MPClient:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         context: zmq.Context[Any] | None = None,
         handshake: bool = True,
+        admin_token: str | None = None,
     ) -> None:
         self.url = normalize_url(url)
+        # Presented only with admin operations (clear); default: $LMCACHE_ADMIN_TOKEN.
+        self._admin_token = admin_token
         self.timeout = timeout
         self._own_context = context is None
         self._ctx = context if context is not None else zmq.Context()
@@ -282,8 +287,16 @@ class MPClient:
     def commit_retrieve(self, key: IPCCacheServerKey, instance_id: int) -> bool:
         return bool(self.call("commit_retrieve", key, instance_id))
 
-    def clear(self, force: bool = False) -> None:
-        self.call("clear", force)
+    def clear(self, force: bool = False, admin_token: str | None = None) -> None:
+        """Drop every cached object: an admin operation (the server needs
+        ``--enable-admin-ops``).  The admin token is ``admin_token``, else the client's,
+        else ``$LMCACHE_ADMIN_TOKEN``; it travels as a trailing payload, which upstream's
+        server does not take, so it is never sent there."""
+        token = admin_token or self._admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+        if token is None or self.server_is_upstream:
+            self.call("clear", force)
+        else:
+            self.call("clear", force, token)
 
     def get_chunk_size(self) -> int:
         return int(self.call("get_chunk_size"))

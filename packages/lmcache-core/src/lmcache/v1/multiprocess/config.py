@@ -42,6 +42,9 @@ class MPServerConfig:
     prometheus_port: int = 9090
     disable_metrics: bool = False
     enable_http_cache_clear: bool = False
+    enable_admin_ops: bool = False
+    admin_token: str | None = dataclasses.field(default=None, repr=False)
+    admin_token_file: str | None = None
 
     def resolved_instance_id(self) -> str:
         return self.instance_id or uuid.uuid4().hex
@@ -164,8 +167,36 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
             'or \'{"type": "disk", "path": "/data", "size_gb": 10}\' (also "fs").'
         ),
     )
+    add_admin_args(parser)
     add_http_frontend_args(parser)
     add_observability_args(parser)
+
+
+def add_admin_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Admin operations", "See the threat model in docs/operations.md."
+    )
+    group.add_argument(
+        "--enable-admin-ops",
+        action="store_true",
+        help="Serve admin operations on the ZMQ port (clear: drops every worker's cached "
+        "objects). Off by default: they are refused with a 'forbidden' error.",
+    )
+    group.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="PATH",
+        help="File holding the admin token (e.g. a mounted Kubernetes Secret; surrounding "
+        "whitespace is ignored). Admin requests, on the ZMQ port and POST /cache/clear, must "
+        "then present it. At least 16 printable ASCII characters.",
+    )
+    group.add_argument(
+        "--admin-token",
+        default=None,
+        metavar="TOKEN",
+        help="The admin token itself (visible in the process list: prefer --admin-token-file "
+        "or the LMCACHE_ADMIN_TOKEN environment variable, used when neither flag is given).",
+    )
 
 
 def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
@@ -183,7 +214,8 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--enable-http-cache-clear",
         action="store_true",
-        help="Serve POST /cache/clear (off by default: it drops every cached object).",
+        help="Serve POST /cache/clear (off by default: it drops every cached object). With an "
+        "admin token configured, the request must carry 'Authorization: Bearer TOKEN'.",
     )
 
 
@@ -227,4 +259,7 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         prometheus_port=args.prometheus_port,
         disable_metrics=args.disable_metrics,
         enable_http_cache_clear=args.enable_http_cache_clear,
+        enable_admin_ops=args.enable_admin_ops,
+        admin_token=args.admin_token,
+        admin_token_file=args.admin_token_file,
     )

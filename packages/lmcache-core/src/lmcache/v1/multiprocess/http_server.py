@@ -2,8 +2,9 @@
 
 Routes (upstream's names): ``GET /`` (route list), ``GET /healthcheck`` (200 healthy, 503
 with the problems otherwise), ``GET /status`` (JSON), ``GET /metrics`` (Prometheus text),
-``POST /cache/clear`` (only with ``--enable-http-cache-clear``).  Every error is a JSON
-object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
+``POST /cache/clear`` (only with ``--enable-http-cache-clear``; with an admin token
+configured it needs ``Authorization: Bearer <token>``).  Every error is a JSON object
+``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
 
 The socket is bound before the thread starts, so a busy port is reported synchronously
 (:class:`OSError`) rather than by uvicorn exiting its thread.  ``--prometheus-port`` serves
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException
 
 from lmcache.v1.multiprocess.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.mp_cache_server import MPCacheServer
+from lmcache.v1.multiprocess.security import TokenCheck, http_reach, warn_if_exposed
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +35,36 @@ ROUTES = ("/", "/healthcheck", "/status", "/metrics", "/cache/clear")
 _STOP_TIMEOUT_S = 5.0
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": code, "message": message}, status_code=status)
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
+
+
+def _bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (scheme case-insensitive)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | None:
+    """A 401 reply unless the request carries the admin token (when one is configured)."""
+    check = engine.check_admin_token(_bearer_token(request.headers.get("authorization")))
+    if check is TokenCheck.OK:
+        return None
+    if check is TokenCheck.MISSING:
+        challenge, message = (
+            'Bearer realm="lmcache"',
+            "this server has an admin token: send it as 'Authorization: Bearer <token>'",
+        )
+    else:
+        challenge, message = (
+            'Bearer realm="lmcache", error="invalid_token"',
+            "the admin token in the Authorization header is wrong",
+        )
+    return _error(401, "unauthorized", message, {"WWW-Authenticate": challenge})
 
 
 def build_app(
@@ -86,6 +116,9 @@ def build_app(
             return _error(
                 403, "forbidden", "cache clearing over HTTP is off (--enable-http-cache-clear)"
             )
+        refused = _unauthorized(engine, request)
+        if refused is not None:
+            return refused
         body = await request.body()
         if body:
             try:
@@ -125,6 +158,12 @@ class HTTPFrontend:
             self._sock.close()
             raise
         self.host, self.port = host, int(self._sock.getsockname()[1])
+        warn_if_exposed(
+            "the HTTP frontend",
+            host,
+            self.port,
+            http_reach(engine.settings.admin, allow_cache_clear),
+        )
         config = uvicorn.Config(
             build_app(engine, is_serving, allow_cache_clear),
             log_level="warning",
@@ -160,6 +199,7 @@ class PrometheusEndpoint:
 
         self._server, self._thread = start_http_server(port, addr=host, registry=registry)
         self.port = int(self._server.server_address[1])
+        warn_if_exposed("the Prometheus endpoint", host, self.port, "read the metrics")
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -42,6 +42,7 @@ from lmcache.v1.multiprocess.custom_types import (
 from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
 from lmcache.v1.multiprocess.metrics import ServerMetrics
 from lmcache.v1.multiprocess.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.security import AdminPolicy, TokenCheck
 from lmcache.v1.multiprocess.tiers import (
     describe_tiers,
     install_eviction_counters,
@@ -67,6 +68,8 @@ logger = logging.getLogger(__name__)
 # which retrieve checks against the worker's layout (lookups know no dtype).
 _KEY_DTYPE = torch.uint8
 _MAX_LOOKUP_SESSIONS = 65536
+# Refused admin requests are logged at most this often (a peer may send them in a loop).
+_REFUSAL_LOG_INTERVAL_S = 60.0
 # Metric label of the LMCache-driven path: the server copies straight between its L1 and
 # the worker's registered KV cache pages.
 DIRECT_SUB_PATH = "direct"
@@ -114,6 +117,7 @@ class CacheServerSettings:
     worker_reap_timeout_seconds: float = 120.0
     pending_transfer_timeout_seconds: float = 60.0
     session_ttl_seconds: float = 600.0
+    admin: AdminPolicy = dataclasses.field(default_factory=AdminPolicy)
 
 
 # Upstream's ``LayoutHints["kv_layout"]`` names for the layouts we understand from shapes.
@@ -134,6 +138,33 @@ def _check_layout_hints(layout_hints: Any) -> None:
             f"register_kv_cache: KV layout {kv_layout!r} is not supported; this server "
             f"reads per-layer KV caches as NHD ([2, num_blocks, block_size, num_heads, "
             f"head_size]) or MLA ([num_blocks, block_size, head_size])",
+        )
+
+
+class _RefusalLog:
+    """Warns about refused admin requests, at most once per interval (never the token)."""
+
+    def __init__(self, interval_s: float = _REFUSAL_LOG_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._next_at = 0.0
+        self._suppressed = 0
+
+    def note(self, operation: str, reason: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_at:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed = self._suppressed, 0
+            self._next_at = now + self._interval_s
+        logger.warning(
+            "refused admin request %s (%s)%s",
+            operation,
+            reason,
+            f"; {suppressed} more refused in the last {self._interval_s:.0f}s"
+            if suppressed
+            else "",
         )
 
 
@@ -172,6 +203,7 @@ class MPCacheServer:
         self._stats_lock = threading.Lock()
         self.started_at = time.time()
         self._evictions = install_eviction_counters(storage)
+        self._refusals = _RefusalLog()
         self.metrics: ServerMetrics | None = (
             ServerMetrics(self.metrics_state) if enable_metrics else None
         )
@@ -822,8 +854,43 @@ class MPCacheServer:
 
     # -- management ---------------------------------------------------------------------------
 
-    def clear(self, force: bool = False) -> None:
-        self.remove_all(force)
+    def clear(self, force: bool = False, admin_token: str | None = None) -> None:
+        """Remove every cached object (an admin operation: see ``authorize_admin``)."""
+        self.authorize_admin("clear", admin_token)
+        removed = self.remove_all(force)
+        logger.info("clear (admin request) removed %d objects (force=%s)", removed, force)
+
+    def authorize_admin(self, operation: str, presented_token: str | None) -> None:
+        """Refuse a wire admin operation unless --enable-admin-ops is on and the token
+        (when one is configured) matches; raises ``ProtocolError``."""
+        policy = self.settings.admin
+        if not policy.wire_enabled:
+            self._refusals.note(operation, "admin operations are off")
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN,
+                f"{operation} is an admin operation (it affects every worker's data) and this "
+                f"server refuses admin operations; start it with --enable-admin-ops (and an "
+                f"admin token, --admin-token-file) to allow them",
+            )
+        check = policy.check_token(presented_token)
+        if check is TokenCheck.OK:
+            return
+        self._refusals.note(operation, f"{check.value} admin token")
+        if check is TokenCheck.MISSING:
+            message = (
+                f"{operation} needs the server's admin token and none was presented; pass "
+                f"it to MPClient(admin_token=...) or set LMCACHE_ADMIN_TOKEN"
+            )
+        else:
+            message = f"{operation}: the admin token presented is wrong"
+        raise ProtocolError(ErrorCode.UNAUTHORIZED, message)
+
+    def check_admin_token(self, presented_token: str | None) -> TokenCheck:
+        """The token check alone (the HTTP frontend has its own enable flag)."""
+        check = self.settings.admin.check_token(presented_token)
+        if check is not TokenCheck.OK:
+            self._refusals.note("HTTP /cache/clear", f"{check.value} admin token")
+        return check
 
     def remove_all(self, force: bool = False) -> int:
         """Remove every L1 object (and its lower-tier copies); returns how many went."""

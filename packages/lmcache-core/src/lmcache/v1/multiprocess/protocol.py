@@ -94,6 +94,8 @@ class ErrorCode(str, enum.Enum):
     NOT_FOUND = "not_found"
     OUT_OF_MEMORY = "out_of_memory"
     SHUTTING_DOWN = "shutting_down"
+    FORBIDDEN = "forbidden"
+    UNAUTHORIZED = "unauthorized"
     INTERNAL = "internal"
 
 
@@ -116,12 +118,18 @@ class ProtocolError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class RpcSpec:
-    """One operation: payload types in order, how many are required, the response type."""
+    """One operation: payload types in order, how many are required, the response type.
+
+    ``admin`` operations act on every worker's data or on server-wide state: the server
+    refuses them unless it runs with ``--enable-admin-ops``, and their last payload is the
+    optional admin token (see :mod:`lmcache.v1.multiprocess.security`).
+    """
 
     operation: str
     payload_types: tuple[Any, ...]
     response_type: Any
     required: int | None = None
+    admin: bool = False
 
     @property
     def min_payloads(self) -> int:
@@ -130,6 +138,7 @@ class RpcSpec:
 
 _KEY = IPCCacheServerKey
 _BLOCK_IDS = list[list[int]]
+ADMIN_TOKEN_TYPE = str | None
 
 RPC_SPECS: dict[str, RpcSpec] = {
     spec.operation: spec
@@ -158,7 +167,8 @@ RPC_SPECS: dict[str, RpcSpec] = {
         RpcSpec("commit_store", (_KEY, int, bytes), bool, required=2),
         RpcSpec("prepare_retrieve", (_KEY, int), PrepareRetrieveResponse),
         RpcSpec("commit_retrieve", (_KEY, int), bool),
-        RpcSpec("clear", (bool,), None, required=0),
+        # Upstream sends at most ``force``; the trailing admin token is ours (optional).
+        RpcSpec("clear", (bool, ADMIN_TOKEN_TYPE), None, required=0, admin=True),
         RpcSpec("get_chunk_size", (), int),
         RpcSpec("ping", (int | None,), bool, required=0),
         RpcSpec("report_block_allocation", (int, str, list[BlockAllocationRecord]), None),
@@ -170,6 +180,9 @@ RPC_SPECS: dict[str, RpcSpec] = {
         RpcSpec("get_stats", (), ServerStats),
     )
 }
+
+
+ADMIN_OPERATIONS = frozenset(name for name, spec in RPC_SPECS.items() if spec.admin)
 
 
 # -- msgspec hooks ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -34,6 +35,7 @@ from lmcache.v1.multiprocess import protocol
 from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.mp_cache_server import CacheServerSettings, MPCacheServer
 from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.security import admin_policy, rpc_reach, warn_if_exposed
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.storage_manager import (
@@ -99,6 +101,13 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     from lmcache.v1.platform import get_device_spec
     from lmcache.v1.platform.cpu.shm import unlink_segment
 
+    admin = admin_policy(
+        config.enable_admin_ops,
+        config.enable_http_cache_clear,
+        config.admin_token,
+        config.admin_token_file,
+        os.environ,
+    )
     adapters = [parse_l2_adapter(raw) for raw in config.l2_adapters]
     disk_path, disk_size_gb = _disk_tier(config, adapters)
     engine_config = LMCacheEngineConfig(
@@ -120,6 +129,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
         pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
         session_ttl_seconds=config.session_ttl_seconds,
+        admin=admin,
     )
     return MPCacheServer(
         settings,
@@ -208,6 +218,9 @@ class MPServer:
         # limit and this cap the request is answered with message_too_large.
         self._router.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_message_bytes)
         self._router.bind(self.endpoint)
+        warn_if_exposed(
+            "the ZMQ RPC port", config.host, config.port, rpc_reach(engine.settings.admin)
+        )
         self._reply_endpoint = f"inproc://lmcache-replies-{id(self)}"
         self._replies = self._ctx.socket(zmq.PULL)
         self._replies.bind(self._reply_endpoint)

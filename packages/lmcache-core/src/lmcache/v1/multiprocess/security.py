@@ -1,0 +1,181 @@
+"""Who may do what to the cache server: the admin policy and exposed listeners.
+
+Operations that act on every worker's data or on server-wide state (``RpcSpec.admin``;
+today ``clear``) are refused on the ZMQ wire unless the server runs with
+``--enable-admin-ops``.  When an admin token is configured (``--admin-token-file``,
+``LMCACHE_ADMIN_TOKEN`` or ``--admin-token``), an admin request must also carry it: on the
+wire as the operation's optional trailing payload, over HTTP as ``Authorization: Bearer``.
+Tokens are compared in constant time and never logged.
+
+The token is a shared secret sent in clear text (there is no TLS): it keeps careless or
+anonymous peers from wiping the cache, not an eavesdropper on the path.  See the threat
+model in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hmac
+import ipaddress
+import logging
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ADMIN_TOKEN_ENV = "LMCACHE_ADMIN_TOKEN"
+MIN_ADMIN_TOKEN_CHARS = 16
+THREAT_MODEL_DOC = "docs/operations.md#threat-model"
+
+
+class AdminTokenError(ValueError):
+    """The configured admin token is unusable (unreadable file, too short, bad characters)."""
+
+
+class TokenCheck(enum.Enum):
+    OK = "ok"
+    MISSING = "missing"
+    WRONG = "wrong"
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminPolicy:
+    """Whether admin operations are served on the wire, and the token they need (if any)."""
+
+    wire_enabled: bool = False
+    token: str | None = dataclasses.field(default=None, repr=False)
+
+    def check_token(self, presented: str | None) -> TokenCheck:
+        """``OK`` when no token is configured or ``presented`` equals it."""
+        if self.token is None:
+            return TokenCheck.OK
+        if not presented:
+            return TokenCheck.MISSING
+        if hmac.compare_digest(presented.encode(), self.token.encode()):
+            return TokenCheck.OK
+        return TokenCheck.WRONG
+
+
+def validate_admin_token(token: str, source: str) -> str:
+    """``token`` if it can be an admin token; it must fit an HTTP ``Authorization`` header."""
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise AdminTokenError(
+            f"the admin token from {source} has {len(token)} characters; use at least "
+            f"{MIN_ADMIN_TOKEN_CHARS} (e.g. `openssl rand -hex 32`)"
+        )
+    if not all("!" <= ch <= "~" for ch in token):
+        raise AdminTokenError(
+            f"the admin token from {source} holds whitespace, control or non-ASCII "
+            f"characters; use printable ASCII only (e.g. `openssl rand -hex 32`)"
+        )
+    return token
+
+
+def _read_token_file(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise AdminTokenError(f"--admin-token-file {path}: cannot read it ({reason})") from None
+    # A Secret mounted from `kubectl create secret --from-file` often ends with a newline.
+    return text.strip()
+
+
+def resolve_admin_token(
+    token: str | None, token_file: str | None, environ: Mapping[str, str]
+) -> str | None:
+    """The admin token: ``--admin-token-file``, else ``--admin-token``, else the env var."""
+    if token and token_file:
+        raise AdminTokenError("give --admin-token or --admin-token-file, not both")
+    if token_file:
+        return validate_admin_token(
+            _read_token_file(token_file), f"--admin-token-file {token_file}"
+        )
+    if token:
+        return validate_admin_token(token, "--admin-token")
+    from_env = environ.get(ADMIN_TOKEN_ENV, "")
+    if from_env:
+        return validate_admin_token(from_env.strip(), ADMIN_TOKEN_ENV)
+    return None
+
+
+def admin_policy(
+    enable_admin_ops: bool,
+    enable_http_cache_clear: bool,
+    token: str | None,
+    token_file: str | None,
+    environ: Mapping[str, str],
+) -> AdminPolicy:
+    """The server's policy from its flags; raises :class:`AdminTokenError`."""
+    resolved = resolve_admin_token(token, token_file, environ)
+    if resolved is not None and not (enable_admin_ops or enable_http_cache_clear):
+        logger.warning(
+            "an admin token is configured, but neither --enable-admin-ops nor "
+            "--enable-http-cache-clear is set: admin operations stay off"
+        )
+    return AdminPolicy(wire_enabled=enable_admin_ops, token=resolved)
+
+
+# -- exposed listeners -----------------------------------------------------------------------
+
+
+def is_loopback_host(host: str) -> bool:
+    """True only when every address ``host`` names is a loopback address.
+
+    Wildcards (``0.0.0.0``, ``::``, ``*``), LAN addresses, interface names and names that
+    do not resolve are not loopback: when in doubt, the caller warns.
+    """
+    name = host.strip().strip("[]")
+    if not name or name == "*":
+        return False
+    try:
+        return ipaddress.ip_address(name.split("%", 1)[0]).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {str(info[4][0]).split("%", 1)[0] for info in infos}
+    try:
+        return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(listener: str, host: str, port: int, reachable: str) -> bool:
+    """Log a warning when ``listener`` binds a non-loopback address; True when it did.
+
+    ``reachable`` says what a peer that can reach the port may do there.
+    """
+    if is_loopback_host(host):
+        return False
+    logger.warning(
+        "%s listens on %s:%d, which is not a loopback address: any host that can reach it "
+        "can %s. Restrict who can reach the port (firewall, Kubernetes NetworkPolicy) or "
+        "bind 127.0.0.1; see %s",
+        listener,
+        host,
+        port,
+        reachable,
+        THREAT_MODEL_DOC,
+    )
+    return True
+
+
+def rpc_reach(policy: AdminPolicy) -> str:
+    """What a peer on the ZMQ RPC port may do, for :func:`warn_if_exposed`."""
+    reach = "store and read KV cache chunks and unregister workers"
+    if policy.wire_enabled and policy.token is None:
+        reach += ", and wipe the whole cache (--enable-admin-ops without an admin token)"
+    return reach
+
+
+def http_reach(policy: AdminPolicy, allow_cache_clear: bool) -> str:
+    """What a peer on the HTTP frontend may do, for :func:`warn_if_exposed`."""
+    reach = "read /status (worker and model names) and /metrics"
+    if allow_cache_clear and policy.token is None:
+        reach += ", and wipe the whole cache (--enable-http-cache-clear without an admin token)"
+    return reach

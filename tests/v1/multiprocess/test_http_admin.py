@@ -1,0 +1,127 @@
+"""``POST /cache/clear`` keeps ``--enable-http-cache-clear`` and takes the admin token as
+``Authorization: Bearer``; the HTTP flag does not open the wire (and vice versa)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from mp_server_helpers import ServerProcess, Stored, free_port
+
+from lmcache.v1.multiprocess.client import ServerError
+from lmcache.v1.multiprocess.security import ADMIN_TOKEN_ENV
+
+TOKEN = "http-admin-token-" + "fedcba9876543210"
+WRONG = "http-wrong-token-" + "0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def _no_token_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ADMIN_TOKEN_ENV, raising=False)
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("secret") / "token"
+    path.write_text(TOKEN)
+    return path
+
+
+def _start(factory: Callable[..., ServerProcess], *args: str) -> tuple[ServerProcess, httpx.Client]:
+    port = free_port()
+    server = factory("--supported-transfer-mode", "engine_driven", "--http-port", str(port), *args)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            http.get("/")
+            return server, http
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError(f"HTTP frontend did not come up:\n{server.log()}")
+
+
+@pytest.fixture(scope="module")
+def guarded(
+    server_factory: Callable[..., ServerProcess], token_file: Path
+) -> tuple[ServerProcess, httpx.Client]:
+    """--enable-http-cache-clear with an admin token."""
+    return _start(
+        server_factory, "--enable-http-cache-clear", "--admin-token-file", str(token_file)
+    )
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "kwargs", "challenge", "reason"),
+    [
+        ({}, {}, 'Bearer realm="lmcache"', "Authorization: Bearer"),
+        ({"Authorization": f"Basic {TOKEN}"}, {}, 'Bearer realm="lmcache"', "Bearer"),
+        ({"Authorization": "Bearer"}, {}, 'Bearer realm="lmcache"', "Bearer"),
+        (_bearer(WRONG), {}, 'error="invalid_token"', "wrong"),
+        (_bearer(TOKEN[:-1]), {}, 'error="invalid_token"', "wrong"),
+        # The token is checked before the body: a bad body without it is still a 401.
+        ({}, {"content": b"{not json"}, 'Bearer realm="lmcache"', "Bearer"),
+    ],
+)
+def test_clear_without_the_right_token_is_401_and_data_survives(
+    guarded: tuple[ServerProcess, httpx.Client],
+    headers: dict[str, str],
+    kwargs: dict[str, bytes],
+    challenge: str,
+    reason: str,
+) -> None:
+    server, http = guarded
+    with Stored(server) as data:
+        refused = http.post("/cache/clear", headers=headers, **kwargs)  # type: ignore[arg-type]
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["error"] == "unauthorized"
+        assert reason in refused.json()["message"]
+        assert challenge in refused.headers["www-authenticate"]
+        assert data.retrieves_bit_exact()
+    assert TOKEN not in server.log() and WRONG not in server.log()
+
+
+def test_clear_with_the_token_clears(guarded: tuple[ServerProcess, httpx.Client]) -> None:
+    server, http = guarded
+    with Stored(server) as data:
+        cleared = http.post(
+            "/cache/clear", headers={"authorization": f"bearer {TOKEN}"}, json={"force": True}
+        )
+        assert cleared.status_code == 200, cleared.text
+        assert cleared.json()["status"] == "ok" and cleared.json()["removed"] >= 3
+        assert data.is_gone()
+        assert not data.retrieves_bit_exact()
+        # The HTTP flag does not open the wire: admin ops there still need their own flag.
+        with server.client() as client, pytest.raises(ServerError) as info:
+            client.clear(admin_token=TOKEN)
+        assert info.value.code == "forbidden"
+    assert TOKEN not in server.log()
+
+
+def test_the_token_does_not_replace_the_flag(
+    server_factory: Callable[..., ServerProcess], token_file: Path
+) -> None:
+    server, http = _start(server_factory, "--admin-token-file", str(token_file))
+    with Stored(server) as data:
+        refused = http.post("/cache/clear", headers=_bearer(TOKEN))
+        assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
+        assert "--enable-http-cache-clear" in refused.json()["message"]
+        assert data.retrieves_bit_exact()
+    assert "admin token is configured, but neither --enable-admin-ops" in server.log()
+
+
+def test_without_a_token_the_flag_alone_allows_clear(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    server, http = _start(server_factory, "--enable-http-cache-clear")
+    with Stored(server) as data:
+        cleared = http.post("/cache/clear")
+        assert cleared.status_code == 200, cleared.text
+        assert data.is_gone()
