@@ -18,6 +18,7 @@ from conftest import expected_tensor, make_config, make_key, put
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import (
     FILE_SUFFIX,
+    MARKER_NAME,
     LocalDiskBackend,
     file_name_for,
 )
@@ -91,14 +92,14 @@ def test_truncated_and_garbage_files_are_dropped_at_start(
     truncated = tmp_path / file_name_for(make_key(0))
     truncated.write_bytes(truncated.read_bytes()[:-100])
     (tmp_path / ("0" * 32 + FILE_SUFFIX)).write_bytes(b"not a cache file")
-    (tmp_path / "half.lmc.1234.tmp").write_bytes(b"partial")
+    (tmp_path / f"{file_name_for(make_key(9))}.1234abcd.tmp").write_bytes(b"partial")
     with caplog.at_level(logging.WARNING, logger="lmcache"):
         disk2 = LocalDiskBackend(disk.config, cpu)
     assert caplog.text.count("corrupt cache file") == 2
     assert disk2.batched_contains([make_key(i) for i in range(3)]) == 0
     assert disk2.batched_contains([make_key(1), make_key(2)]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        file_name_for(make_key(i)) for i in (1, 2)
+        [MARKER_NAME, *(file_name_for(make_key(i)) for i in (1, 2))]
     )
     disk2.close()
     cpu.close()
