@@ -111,6 +111,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         max_local_disk_size=disk_size_gb,
         save_unfull_chunk=True,
         blocking_timeout_secs=config.blocking_timeout_secs,
+        extra_config={"local_disk.adopt": True} if _disk_adopt(config, adapters) else None,
     )
     backends = create_storage_backends(engine_config, shm_name=config.resolved_shm_name())
     _add_remote_adapters(adapters, backends)
@@ -172,6 +173,20 @@ def _disk_tier(config: MPServerConfig, adapters: list[dict[str, Any]]) -> tuple[
     if size <= 0:
         raise ValueError(f"--l2-adapter disk size_gb must be positive, got {size}")
     return disk["path"], size
+
+
+def _disk_adopt(config: MPServerConfig, adapters: list[dict[str, Any]]) -> bool:
+    """Whether the disk tier may adopt a folder holding foreign files (--l2-disk-adopt or
+    ``"adopt": true`` in the disk adapter)."""
+    adopt = config.l2_disk_adopt
+    for spec in adapters:
+        if spec["type"] in _DISK_ADAPTER_TYPES and "adopt" in spec:
+            if not isinstance(spec["adopt"], bool):
+                raise ValueError(
+                    f'--l2-adapter disk "adopt" must be true or false, got {spec["adopt"]!r}'
+                )
+            adopt = adopt or spec["adopt"]
+    return adopt
 
 
 def _add_remote_adapters(
