@@ -3,7 +3,7 @@
 Servers bind 127.0.0.1 on free ports, persist nothing (``--save ""``, ``--appendonly no``)
 and work in a temporary directory.  Without ``redis-server`` / ``redis-cli`` on PATH (CI's
 ``.ci/run`` installs the Debian package) or without redis-py, the tests using these
-fixtures are skipped with the reason.
+fixtures are skipped with the reason -- and fail under nox and in CI (``prerequisites``).
 
 This module sits next to ``conftest.py`` (not inside ``redis/``) so both the conformance
 suite and ``redis/`` tests import it; ``redis/`` has no ``__init__.py`` on purpose, so it
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prerequisites import require_module, require_prerequisite
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -32,11 +33,13 @@ START_TIMEOUT_S = 10.0
 
 
 def skip_without_redis() -> None:
-    if REDIS_SERVER is None or REDIS_CLI is None:
-        pytest.skip("redis-server/redis-cli not on PATH (apt-get install redis-server)")
-    pytest.importorskip(
-        "redis", reason="redis-py not installed (pip install 'lmcache-core[redis]')"
+    """Skip locally, fail under nox/CI, without redis-server, redis-cli or redis-py."""
+    require_prerequisite(
+        "redis-server",
+        REDIS_SERVER is not None and REDIS_CLI is not None,
+        "redis-server/redis-cli not on PATH (apt-get install redis-server)",
     )
+    require_module("redis", "redis-py not installed (pip install 'lmcache-core[redis]')")
 
 
 def free_port(cluster_bus: bool = False) -> int:
