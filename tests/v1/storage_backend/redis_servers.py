@@ -80,8 +80,15 @@ def _cli(port: int, *args: str, check: bool = True) -> str:
 class RedisServer:
     """One redis-server process; can be SIGKILLed and restarted on the same port."""
 
-    def __init__(self, workdir: Path, port: int | None = None, cluster: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        cluster: bool = False,
+        full_coverage: bool = True,
+    ) -> None:
         self.cluster = cluster
+        self.full_coverage = full_coverage
         self.port = port if port is not None else free_port(cluster_bus=cluster)
         self.workdir = workdir / f"redis-{self.port}"
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +114,7 @@ class RedisServer:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", f"nodes-{self.port}.conf",
                 "--cluster-node-timeout", "2000",
+                "--cluster-require-full-coverage", "yes" if self.full_coverage else "no",
             ]  # fmt: skip
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -123,6 +131,15 @@ class RedisServer:
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on {self.port} did not start: {self.log_tail()}")
 
+    def pause(self) -> None:
+        """SIGSTOP: the process is alive and its socket accepts, but nothing is answered."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL: no shutdown, no goodbye to clients."""
         if self.proc is not None and self.proc.poll() is None:
@@ -131,6 +148,7 @@ class RedisServer:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # a paused server cannot exit on SIGTERM
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=10)
@@ -146,10 +164,13 @@ class RedisServer:
 
 
 class RedisClusterProcs:
-    """Three masters, no replicas, slots split evenly by ``redis-cli --cluster create``."""
+    """Three masters, no replicas, slots split evenly by ``redis-cli --cluster create``.
+    ``full_coverage=False``: the others keep serving their slots while a node is down."""
 
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
-        self.nodes = [RedisServer(workdir, cluster=True) for _ in range(masters)]
+    def __init__(self, workdir: Path, masters: int = 3, full_coverage: bool = True) -> None:
+        self.nodes = [
+            RedisServer(workdir, cluster=True, full_coverage=full_coverage) for _ in range(masters)
+        ]
 
     @property
     def url(self) -> str:
@@ -199,6 +220,18 @@ def own_redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcs]:
+    """A 3-master cluster only this test uses (to kill a node); the surviving masters keep
+    serving their slots (cluster-require-full-coverage no)."""
+    skip_without_redis()
+    cluster = RedisClusterProcs(tmp_path, full_coverage=False)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
 
 
 def make_redis_backend(url: str, cpu: Any, cluster: bool = False, **options: Any) -> Any:
