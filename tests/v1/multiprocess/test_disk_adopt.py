@@ -4,6 +4,7 @@ it (``--l2-disk-adopt`` or ``"adopt": true`` in a disk ``--l2-adapter``)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,11 @@ def _foreign_folder(tmp_path: Path) -> Path:
     return folder
 
 
-def test_foreign_folder_is_refused_with_its_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shm", [False, True], ids=["no-shm", "shm"])
+def test_foreign_folder_is_refused_with_its_name(tmp_path: Path, shm: bool) -> None:
     folder = _foreign_folder(tmp_path)
-    args = [*BASE_ARGS, *NO_SHM, "--l2-disk-path", str(folder), "--l2-disk-size-gb", "0.01"]
-    server = ServerProcess(args, tmp_path / "server.log")
+    disk = ["--l2-disk-path", str(folder), "--l2-disk-size-gb", "0.01"]
+    server = ServerProcess([*BASE_ARGS, *([] if shm else NO_SHM), *disk], tmp_path / "server.log")
     try:
         server.proc.wait(60)
     finally:
@@ -37,6 +39,8 @@ def test_foreign_folder_is_refused_with_its_name(tmp_path: Path) -> None:
     assert str(folder) in log and "report.tmp" in log and "--l2-disk-adopt" in log
     assert (folder / "report.tmp").read_bytes() == b"another program's file"
     assert not (folder / MARKER_NAME).exists()
+    # The folder is checked before L1 exists: a refused start leaves no shared memory.
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"lmcache_mp_{server.proc.pid}_")]
 
 
 @pytest.mark.parametrize("how", ["flag", "adapter"])

@@ -21,6 +21,7 @@ from lmcache.v1.storage_backend.local_disk_backend import (
     DiskFolderError,
     LocalDiskBackend,
     file_name_for,
+    inspect_disk_folder,
 )
 
 TMP_LEFTOVER = "0123456789abcdef0123456789abcdef.lmc.89abcdef.tmp"
@@ -180,6 +181,19 @@ def test_newer_layout_or_bad_marker_is_refused(tmp_path: Path, cpu: LocalCPUBack
     disk = _disk(tmp_path, cpu, **{"local_disk.adopt": True})  # adopting rewrites it
     disk.close()
     assert json.loads(marker.read_text())["layout_version"] == FOLDER_LAYOUT_VERSION
+
+
+def test_inspect_changes_nothing_and_refuses_a_file(tmp_path: Path) -> None:
+    assert not inspect_disk_folder(str(tmp_path / "missing")).marked
+    assert not (tmp_path / "missing").exists()
+    _plant_foreign(tmp_path)
+    before = _snapshot(tmp_path)
+    with pytest.raises(DiskFolderError):
+        inspect_disk_folder(str(tmp_path))
+    assert inspect_disk_folder(str(tmp_path), adopt=True).foreign == 6
+    assert _snapshot(tmp_path) == before
+    with pytest.raises(DiskFolderError, match="not a folder"):
+        inspect_disk_folder(str(tmp_path / "notes.txt"))
 
 
 class _FsyncLog:

@@ -36,6 +36,7 @@ from lmcache.v1.multiprocess.mp_cache_server import CacheServerSettings, MPCache
 from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.local_disk_backend import inspect_disk_folder
 from lmcache.v1.storage_backend.storage_manager import (
     L1_NAME,
     StorageManager,
@@ -103,6 +104,9 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
 
     adapters = [parse_l2_adapter(raw) for raw in config.l2_adapters]
     disk_path, disk_size_gb = _disk_tier(config, adapters)
+    disk_adopt = _disk_adopt(config, adapters)
+    if disk_path:
+        inspect_disk_folder(disk_path, disk_adopt)  # refused before L1 memory exists
     engine_config = LMCacheEngineConfig(
         chunk_size=config.chunk_size,
         max_local_cpu_size=config.resolved_l1_size_gb(),
@@ -111,7 +115,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         max_local_disk_size=disk_size_gb,
         save_unfull_chunk=True,
         blocking_timeout_secs=config.blocking_timeout_secs,
-        extra_config={"local_disk.adopt": True} if _disk_adopt(config, adapters) else None,
+        extra_config={"local_disk.adopt": True} if disk_adopt else None,
     )
     backends = create_storage_backends(engine_config, shm_name=config.resolved_shm_name())
     _add_remote_adapters(adapters, backends)

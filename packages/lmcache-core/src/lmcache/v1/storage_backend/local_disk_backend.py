@@ -323,6 +323,47 @@ def _write_marker(path: str) -> None:
     fsync_directory(path)
 
 
+class FolderState(NamedTuple):
+    """What :func:`inspect_disk_folder` found."""
+
+    marked: bool
+    """A valid marker is present."""
+    foreign: int
+    """Entries the tier did not write (only non-zero when adopting)."""
+    earlier_version: bool
+    """No marker, but objects of the tier: written by a version without markers."""
+
+
+def inspect_disk_folder(path: str, adopt: bool = False) -> FolderState:
+    """Check that the disk tier may use ``path`` without changing anything in it; raises
+    :class:`DiskFolderError` (foreign entries unless ``adopt``, a newer layout, a bad
+    marker unless ``adopt``, not a folder).  A missing folder is fine (it will be made).
+
+    The server calls this before it allocates memory, so a refused folder costs nothing."""
+    if not os.path.lexists(path):
+        return FolderState(marked=False, foreign=0, earlier_version=False)
+    if not os.path.isdir(path):
+        raise DiskFolderError(f"disk tier path {path} exists and is not a folder")
+    marker_ok = True
+    try:
+        marker = _read_marker(path)
+    except _InvalidMarkerError:
+        if not adopt:
+            raise
+        marker, marker_ok = None, False
+    with os.scandir(path) as entries:
+        kinds = [(entry.name, classify_entry(entry)) for entry in entries]
+    foreign = [name for name, kind in kinds if kind == _Kind.FOREIGN]
+    if foreign and not adopt:
+        raise DiskFolderError(_foreign_message(path, foreign))
+    has_objects = any(kind == _Kind.OBJECT for _, kind in kinds)
+    return FolderState(
+        marked=marker is not None,
+        foreign=len(foreign),
+        earlier_version=marker is None and marker_ok and has_objects,
+    )
+
+
 class LocalDiskBackend(StorageBackendInterface):
     """Disk tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator)."""
 
@@ -371,25 +412,14 @@ class LocalDiskBackend(StorageBackendInterface):
 
     def _claim_folder(self, adopt: bool) -> None:
         """Refuse a folder with foreign entries (unless ``adopt``); write the marker."""
-        marker_ok = True
-        try:
-            marker = _read_marker(self.path)
-        except _InvalidMarkerError:
-            if not adopt:
-                raise
-            marker, marker_ok = None, False
-        with os.scandir(self.path) as entries:
-            kinds = [(entry.name, classify_entry(entry)) for entry in entries]
-        foreign = [name for name, kind in kinds if kind == _Kind.FOREIGN]
-        if foreign and not adopt:
-            raise DiskFolderError(_foreign_message(self.path, foreign))
-        if foreign:
+        state = inspect_disk_folder(self.path, adopt)
+        if state.foreign:
             logger.warning(
-                "disk tier %s adopted: %d foreign entries left untouched", self.path, len(foreign)
+                "disk tier %s adopted: %d foreign entries left untouched", self.path, state.foreign
             )
-        if marker is not None:
+        if state.marked:
             return
-        if marker_ok and any(kind == _Kind.OBJECT for _, kind in kinds):
+        if state.earlier_version:
             logger.info("disk tier %s: files of an earlier version (no marker) adopted", self.path)
         _write_marker(self.path)
 
