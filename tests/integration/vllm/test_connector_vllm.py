@@ -1,4 +1,11 @@
-"""``LMCacheMPConnector`` against vLLM's real classes (skipped where vLLM is absent)."""
+"""``LMCacheMPConnector`` against vLLM's real classes.
+
+vLLM (~0.7 GB) is installed only in the ``vllm-e2e`` nox session, which runs this file and
+sets ``LMCACHE_TEST_REQUIRE_VLLM=1``: there a missing vLLM fails.  The plain ``tests``
+sessions and CI's core run have no vLLM by design, so there this module is an explicit
+skip -- not a missing-prerequisite failure -- and the connector's vLLM-free logic is still
+covered by the other tests in this folder.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +14,23 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from prerequisites import require_module
 
-pytest.importorskip("vllm", reason="vLLM is not installed")
+require_module(
+    "vllm",
+    "vLLM is installed only in the vllm-e2e nox session (nox -s vllm-e2e)",
+    required_env="LMCACHE_TEST_REQUIRE_VLLM",
+)
 
-from vllm.config import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1,
     KVConnectorRole,
     supports_hma,
 )
 
-from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
+from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector  # noqa: E402
 
 MODULE = "lmcache.integration.vllm.lmcache_mp_connector"
 

@@ -272,21 +272,53 @@ def test_worker_killed_lmcache_driven_shm_reclaimed(fault_server: ServerProcess)
     assert _wait_for(lambda: not any(os.path.exists(f"/dev/shm/{s.lstrip('/')}") for s in segments))
 
 
+def _flood(sock: zmq.Socket[Any], first_uid: int, count: int) -> int:
+    """Send up to ``count`` get_stats requests without blocking; how many went out."""
+    sent = 0
+    for uid in range(first_uid, first_uid + count):
+        try:
+            sock.send_multipart(_enc(uid, "get_stats"), zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        sent += 1
+    return sent
+
+
 def test_client_that_never_reads_replies(fault_server: ServerProcess) -> None:
-    hog = RawClient(fault_server.url)
+    """A client that never reads loses replies (counted as dropped_replies) while every
+    other client keeps being served; every request gets one reply or one drop."""
+    ctx = zmq.Context()
+    hog = ctx.socket(zmq.DEALER)
+    # Before connect(): queue and socket-buffer limits apply to connections made after.
+    hog.setsockopt(zmq.LINGER, 0)
+    hog.setsockopt(zmq.RCVHWM, 10)
+    hog.setsockopt(zmq.RCVBUF, 4096)
     try:
-        hog.sock.setsockopt(zmq.RCVHWM, 10)
-        for uid in range(20000):
-            try:
-                hog.sock.send_multipart(_enc(uid, "get_stats"), zmq.NOBLOCK)
-            except zmq.Again:
-                break
-        with fault_server.client(timeout=10) as client:
-            start = time.monotonic()
-            assert client.ping()
-            assert time.monotonic() - start < 5
+        with fault_server.client(timeout=10) as other:
+            dropped_before = other.get_stats().dropped_replies
+            hog.connect(fault_server.url)
+            sent = dropped = 0
+            for served in range(1, 101):
+                sent += _flood(hog, sent, 2000)
+                assert other.ping()  # answered while the hog's replies pile up
+                dropped = other.get_stats().dropped_replies - dropped_before
+                if dropped > 100 and served >= 3:
+                    break
+            assert dropped > 100, f"{sent} requests sent, only {dropped} replies dropped"
+            received = 0
+            deadline = time.monotonic() + 60
+            while received + dropped < sent and time.monotonic() < deadline:
+                while hog.poll(200):  # what the hog's queues held
+                    hog.recv_multipart()
+                    received += 1
+                dropped = other.get_stats().dropped_replies - dropped_before
+            assert received + dropped == sent, (sent, received, dropped)
+            assert not hog.poll(200)  # one reply or one drop per request, never both
+            assert received < sent
+            assert other.ping()
     finally:
-        hog.close()
+        hog.close(0)
+        ctx.term()
 
 
 def _mutations(rng: random.Random, valid: list[list[bytes]]) -> list[bytes]:

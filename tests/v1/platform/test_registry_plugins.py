@@ -10,6 +10,7 @@ import importlib.metadata
 from typing import Any
 
 import pytest
+from prerequisites import require_prerequisite
 
 from lmcache.v1.platform._device_detect import build_registry
 
@@ -34,10 +35,14 @@ def _installed(name: str) -> bool:
     return True
 
 
-pytestmark = pytest.mark.skipif(
-    not all(_installed(n) for n in TEST_PLUGIN_DISTS),
-    reason="registry test plugin wheels are not installed (nox installs tests/plugins/*)",
-)
+@pytest.fixture(scope="module", autouse=True)
+def _plugin_wheels_installed() -> None:
+    missing = [n for n in TEST_PLUGIN_DISTS if not _installed(n)]
+    require_prerequisite(
+        "registry test plugin wheels",
+        not missing,
+        f"lmcache-testplugin-{{{','.join(missing)}}} not installed (nox installs tests/plugins/*)",
+    )
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from redis_servers import own_redis_server, redis_cluster, redis_server  # noqa: F401 (fixtures)
+from redis_servers import (  # noqa: F401 (fixtures)
+    own_redis_cluster,
+    own_redis_server,
+    redis_cluster,
+    redis_server,
+)
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig

@@ -3,7 +3,7 @@
 Servers bind 127.0.0.1 on free ports, persist nothing (``--save ""``, ``--appendonly no``)
 and work in a temporary directory.  Without ``redis-server`` / ``redis-cli`` on PATH (CI's
 ``.ci/run`` installs the Debian package) or without redis-py, the tests using these
-fixtures are skipped with the reason.
+fixtures are skipped with the reason -- and fail under nox and in CI (``prerequisites``).
 
 This module sits next to ``conftest.py`` (not inside ``redis/``) so both the conformance
 suite and ``redis/`` tests import it; ``redis/`` has no ``__init__.py`` on purpose, so it
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prerequisites import require_module, require_prerequisite
 
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -32,11 +33,13 @@ START_TIMEOUT_S = 10.0
 
 
 def skip_without_redis() -> None:
-    if REDIS_SERVER is None or REDIS_CLI is None:
-        pytest.skip("redis-server/redis-cli not on PATH (apt-get install redis-server)")
-    pytest.importorskip(
-        "redis", reason="redis-py not installed (pip install 'lmcache-core[redis]')"
+    """Skip locally, fail under nox/CI, without redis-server, redis-cli or redis-py."""
+    require_prerequisite(
+        "redis-server",
+        REDIS_SERVER is not None and REDIS_CLI is not None,
+        "redis-server/redis-cli not on PATH (apt-get install redis-server)",
     )
+    require_module("redis", "redis-py not installed (pip install 'lmcache-core[redis]')")
 
 
 def free_port(cluster_bus: bool = False) -> int:
@@ -77,8 +80,15 @@ def _cli(port: int, *args: str, check: bool = True) -> str:
 class RedisServer:
     """One redis-server process; can be SIGKILLed and restarted on the same port."""
 
-    def __init__(self, workdir: Path, port: int | None = None, cluster: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        cluster: bool = False,
+        full_coverage: bool = True,
+    ) -> None:
         self.cluster = cluster
+        self.full_coverage = full_coverage
         self.port = port if port is not None else free_port(cluster_bus=cluster)
         self.workdir = workdir / f"redis-{self.port}"
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -104,6 +114,7 @@ class RedisServer:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", f"nodes-{self.port}.conf",
                 "--cluster-node-timeout", "2000",
+                "--cluster-require-full-coverage", "yes" if self.full_coverage else "no",
             ]  # fmt: skip
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -120,6 +131,15 @@ class RedisServer:
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on {self.port} did not start: {self.log_tail()}")
 
+    def pause(self) -> None:
+        """SIGSTOP: the process is alive and its socket accepts, but nothing is answered."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL: no shutdown, no goodbye to clients."""
         if self.proc is not None and self.proc.poll() is None:
@@ -128,6 +148,7 @@ class RedisServer:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # a paused server cannot exit on SIGTERM
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=10)
@@ -143,10 +164,13 @@ class RedisServer:
 
 
 class RedisClusterProcs:
-    """Three masters, no replicas, slots split evenly by ``redis-cli --cluster create``."""
+    """Three masters, no replicas, slots split evenly by ``redis-cli --cluster create``.
+    ``full_coverage=False``: the others keep serving their slots while a node is down."""
 
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
-        self.nodes = [RedisServer(workdir, cluster=True) for _ in range(masters)]
+    def __init__(self, workdir: Path, masters: int = 3, full_coverage: bool = True) -> None:
+        self.nodes = [
+            RedisServer(workdir, cluster=True, full_coverage=full_coverage) for _ in range(masters)
+        ]
 
     @property
     def url(self) -> str:
@@ -196,6 +220,18 @@ def own_redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcs]:
+    """A 3-master cluster only this test uses (to kill a node); the surviving masters keep
+    serving their slots (cluster-require-full-coverage no)."""
+    skip_without_redis()
+    cluster = RedisClusterProcs(tmp_path, full_coverage=False)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
 
 
 def make_redis_backend(url: str, cpu: Any, cluster: bool = False, **options: Any) -> Any:

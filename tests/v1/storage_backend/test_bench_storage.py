@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from prerequisites import require_module
 
 from lmcache.bench import report, storage
 
@@ -52,9 +53,7 @@ def test_local_tiers_are_registered_and_default() -> None:
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip(
-        "matplotlib", reason="--plot needs matplotlib (pip install 'lmcache-core[plot]')"
-    )
+    require_module("matplotlib", "--plot needs matplotlib (pip install 'lmcache-core[plot]')")
     png = tmp_path / "storage.png"
     assert storage.run(_parse("--backend", "cpu", "--quick", "--plot", str(png))) == 0
     assert png.read_bytes().startswith(b"\x89PNG")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from prerequisites import require_module
 
 from lmcache.bench import ops as bench_ops
 from lmcache.bench import report
@@ -47,9 +48,7 @@ def test_quick_run_writes_every_family(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip(
-        "matplotlib", reason="--plot needs matplotlib (pip install 'lmcache-core[plot]')"
-    )
+    require_module("matplotlib", "--plot needs matplotlib (pip install 'lmcache-core[plot]')")
     png = tmp_path / "ops.png"
     args = _parse("--quick", "--backend", "torch", "--family", "mla", "--plot", str(png))
     assert bench_ops.run(args) == 0

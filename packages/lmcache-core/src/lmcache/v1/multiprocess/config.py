@@ -31,6 +31,7 @@ class MPServerConfig:
     shm_name: str = AUTO_SHM
     l2_disk_path: str | None = None
     l2_disk_size_gb: float = 0.0
+    l2_disk_adopt: bool = False
     l2_adapters: list[str] = dataclasses.field(default_factory=list)
     worker_reap_timeout_seconds: float = 120.0
     session_ttl_seconds: float = 600.0
@@ -157,6 +158,12 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
     storage.add_argument("--l2-disk-path", default=None, help="Directory of the disk tier (L2).")
     storage.add_argument("--l2-disk-size-gb", type=float, default=0.0, help="Disk tier size.")
     storage.add_argument(
+        "--l2-disk-adopt",
+        action="store_true",
+        help="Use a disk tier folder that holds files the tier did not write; they are left "
+        "untouched (without it such a folder is refused).",
+    )
+    storage.add_argument(
         "--l2-adapter",
         action="append",
         default=[],
@@ -249,6 +256,7 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         shm_name=args.shm_name,
         l2_disk_path=args.l2_disk_path,
         l2_disk_size_gb=args.l2_disk_size_gb,
+        l2_disk_adopt=args.l2_disk_adopt,
         l2_adapters=list(args.l2_adapter),
         worker_reap_timeout_seconds=args.worker_reap_timeout_seconds,
         session_ttl_seconds=args.session_ttl_seconds,

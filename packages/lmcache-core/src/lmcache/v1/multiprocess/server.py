@@ -38,6 +38,7 @@ from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.security import admin_policy, rpc_reach, warn_if_exposed
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.local_disk_backend import inspect_disk_folder
 from lmcache.v1.storage_backend.storage_manager import (
     L1_NAME,
     StorageManager,
@@ -110,6 +111,9 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     )
     adapters = [parse_l2_adapter(raw) for raw in config.l2_adapters]
     disk_path, disk_size_gb = _disk_tier(config, adapters)
+    disk_adopt = _disk_adopt(config, adapters)
+    if disk_path:
+        inspect_disk_folder(disk_path, disk_adopt)  # refused before L1 memory exists
     engine_config = LMCacheEngineConfig(
         chunk_size=config.chunk_size,
         max_local_cpu_size=config.resolved_l1_size_gb(),
@@ -118,6 +122,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         max_local_disk_size=disk_size_gb,
         save_unfull_chunk=True,
         blocking_timeout_secs=config.blocking_timeout_secs,
+        extra_config={"local_disk.adopt": True} if disk_adopt else None,
     )
     backends = create_storage_backends(engine_config, shm_name=config.resolved_shm_name())
     _add_remote_adapters(adapters, backends)
@@ -178,6 +183,20 @@ def _disk_tier(config: MPServerConfig, adapters: list[dict[str, Any]]) -> tuple[
     if size <= 0:
         raise ValueError(f"--l2-adapter disk size_gb must be positive, got {size}")
     return disk["path"], size
+
+
+def _disk_adopt(config: MPServerConfig, adapters: list[dict[str, Any]]) -> bool:
+    """Whether the disk tier may adopt a folder holding foreign files (--l2-disk-adopt or
+    ``"adopt": true`` in the disk adapter)."""
+    adopt = config.l2_disk_adopt
+    for spec in adapters:
+        if spec["type"] in _DISK_ADAPTER_TYPES and "adopt" in spec:
+            if not isinstance(spec["adopt"], bool):
+                raise ValueError(
+                    f'--l2-adapter disk "adopt" must be true or false, got {spec["adopt"]!r}'
+                )
+            adopt = adopt or spec["adopt"]
+    return adopt
 
 
 def _add_remote_adapters(

@@ -1,9 +1,26 @@
 """L2: one file per chunk on a local file system, bounded by bytes, crash-safe.
 
-A put writes ``<name>.<random>.tmp`` on a thread pool, fsyncs it and renames it to
-``<name>.lmc``, so a crash leaves either the old state or the complete file; stray
-``.tmp`` files are deleted on start-up.  The index (key -> file) lives in memory and is
-rebuilt from the directory when the backend starts.
+A put writes ``<name>.<random>.tmp`` on a thread pool, fsyncs it, renames it to
+``<name>.lmc`` and fsyncs the folder, so a crash leaves either the old state or the complete
+file.  The index (key -> file) lives in memory and is rebuilt from the folder when the
+backend starts.
+
+The tier owns its folder and touches nothing else in it:
+
+* A marker file, :data:`MARKER_NAME` (JSON with the folder layout version), is written on
+  first use.  A marker with a newer layout version is refused.
+* Only names the tier writes are its own: objects ``<32 hex digits>.lmc``, unfinished
+  writes ``<32 hex digits>.lmc.<8 hex digits>.tmp`` (and the marker's own temporary file).
+  Unfinished writes are deleted at start-up, objects that fail validation are deleted;
+  every other entry is *foreign* and is never read, renamed or deleted.
+* A folder holding foreign entries is refused at start-up (:class:`DiskFolderError` names
+  the folder and the first few entries) unless the tier is told to adopt it
+  (``extra_config["local_disk.adopt"]``, ``lmcache server --l2-disk-adopt`` or
+  ``"adopt": true`` in a disk ``--l2-adapter``); adopted, it leaves them untouched and
+  does not count them against its size.  ``lost+found`` (a file system's root) is ignored.
+* Migration: a folder without a marker whose entries all carry the tier's names was
+  written by an earlier version (which wrote no marker): it is adopted automatically and
+  the marker is added.
 
 File format (little-endian), version 2 (written)::
 
@@ -28,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import threading
 import uuid
@@ -72,6 +90,17 @@ _PREFIX_SIZES = {
 }
 FILE_SUFFIX = ".lmc"
 TMP_SUFFIX = ".tmp"
+MARKER_NAME = ".lmcache-disk-tier"
+"""The file that says "this folder belongs to an lmcache disk tier"."""
+FOLDER_LAYOUT_VERSION = 1
+"""Version of the folder layout (marker and file names), recorded in the marker."""
+_OBJECT_NAME = re.compile(r"[0-9a-f]{32}" + re.escape(FILE_SUFFIX))
+_TMP_NAME = re.compile(
+    r"(?:[0-9a-f]{32}" + re.escape(FILE_SUFFIX) + "|" + re.escape(MARKER_NAME) + r")"
+    r"\.[0-9a-f]{8}" + re.escape(TMP_SUFFIX)
+)
+_IGNORED_DIRS = frozenset({"lost+found"})
+_FOREIGN_SHOWN = 5
 _MAX_HEADER = 1 << 20
 
 CHECKSUM_CRC32 = 1
@@ -81,6 +110,14 @@ CHECKSUM_NAMES = {CHECKSUM_CRC32: "CRC-32", CHECKSUM_XXH3_64: "XXH3-64"}
 
 class CorruptFileError(Exception):
     """A cache file failed validation."""
+
+
+class DiskFolderError(ValueError):
+    """The disk tier's folder is not one it may use (foreign entries, a newer layout)."""
+
+
+class _InvalidMarkerError(DiskFolderError):
+    """The marker cannot be parsed (adopting the folder rewrites it)."""
 
 
 def _crc32(data: Any) -> int:
@@ -196,6 +233,137 @@ def read_header(f: BinaryIO, file_size: int) -> tuple[dict[str, Any], int, Paylo
     return header, payload_len, PayloadChecksum(algorithm, payload_sum)
 
 
+class _Kind:
+    """What a folder entry is to the tier (see :func:`classify_entry`)."""
+
+    OBJECT = "object"
+    TMP = "tmp"
+    MARKER = "marker"
+    IGNORED = "ignored"
+    FOREIGN = "foreign"
+
+
+def classify_entry(entry: os.DirEntry[str]) -> str:
+    """One of the :class:`_Kind` values; only plain files can be the tier's own."""
+    name = entry.name
+    if entry.is_dir(follow_symlinks=False) and name in _IGNORED_DIRS:
+        return _Kind.IGNORED
+    if not entry.is_file(follow_symlinks=False):
+        return _Kind.FOREIGN
+    if name == MARKER_NAME:
+        return _Kind.MARKER
+    if _OBJECT_NAME.fullmatch(name):
+        return _Kind.OBJECT
+    if _TMP_NAME.fullmatch(name):
+        return _Kind.TMP
+    return _Kind.FOREIGN
+
+
+def fsync_directory(path: str) -> None:
+    """Make renames and unlinks in ``path`` durable (a file's fsync does not cover them)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _foreign_message(path: str, foreign: list[str]) -> str:
+    shown = ", ".join(sorted(foreign)[:_FOREIGN_SHOWN])
+    more = f" and {len(foreign) - _FOREIGN_SHOWN} more" if len(foreign) > _FOREIGN_SHOWN else ""
+    return (
+        f"disk tier folder {path} holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'}"
+        f" it did not write ({shown}{more}); refusing to use it. Point the tier at an empty "
+        f"folder (or its own), or adopt this one (extra_config local_disk.adopt: true, "
+        f'--l2-disk-adopt, or "adopt": true in a disk --l2-adapter): foreign entries are '
+        f"then left untouched"
+    )
+
+
+def _read_marker(path: str) -> dict[str, Any] | None:
+    """The marker's content; None if absent; DiskFolderError if unreadable."""
+    marker = os.path.join(path, MARKER_NAME)
+    try:
+        with open(marker, "rb") as f:
+            raw = f.read(4096)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DiskFolderError(f"disk tier marker {marker} cannot be read: {exc}") from exc
+    try:
+        content = json.loads(raw)
+        version = content["layout_version"]
+    except (ValueError, TypeError, KeyError):
+        raise _InvalidMarkerError(
+            f"disk tier marker {marker} is not valid; adopt the folder to rewrite it"
+        ) from None
+    if not isinstance(version, int) or version > FOLDER_LAYOUT_VERSION:
+        raise DiskFolderError(
+            f"disk tier folder {path} has layout version {version!r} (marker {marker}); "
+            f"this lmcache reads up to {FOLDER_LAYOUT_VERSION}: use a newer lmcache or "
+            f"another folder"
+        )
+    return dict(content)
+
+
+def _write_marker(path: str) -> None:
+    """Atomically: a crash leaves no marker or the whole marker, never half of one."""
+    content = {
+        "owner": "lmcache disk tier",
+        "layout_version": FOLDER_LAYOUT_VERSION,
+        "object_format_version": FORMAT_VERSION,
+    }
+    final = os.path.join(path, MARKER_NAME)
+    tmp = f"{final}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(content).encode("utf-8") + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_directory(path)
+
+
+class FolderState(NamedTuple):
+    """What :func:`inspect_disk_folder` found."""
+
+    marked: bool
+    """A valid marker is present."""
+    foreign: int
+    """Entries the tier did not write (only non-zero when adopting)."""
+    earlier_version: bool
+    """No marker, but objects of the tier: written by a version without markers."""
+
+
+def inspect_disk_folder(path: str, adopt: bool = False) -> FolderState:
+    """Check that the disk tier may use ``path`` without changing anything in it; raises
+    :class:`DiskFolderError` (foreign entries unless ``adopt``, a newer layout, a bad
+    marker unless ``adopt``, not a folder).  A missing folder is fine (it will be made).
+
+    The server calls this before it allocates memory, so a refused folder costs nothing."""
+    if not os.path.lexists(path):
+        return FolderState(marked=False, foreign=0, earlier_version=False)
+    if not os.path.isdir(path):
+        raise DiskFolderError(f"disk tier path {path} exists and is not a folder")
+    marker_ok = True
+    try:
+        marker = _read_marker(path)
+    except _InvalidMarkerError:
+        if not adopt:
+            raise
+        marker, marker_ok = None, False
+    with os.scandir(path) as entries:
+        kinds = [(entry.name, classify_entry(entry)) for entry in entries]
+    foreign = [name for name, kind in kinds if kind == _Kind.FOREIGN]
+    if foreign and not adopt:
+        raise DiskFolderError(_foreign_message(path, foreign))
+    has_objects = any(kind == _Kind.OBJECT for _, kind in kinds)
+    return FolderState(
+        marked=marker is not None,
+        foreign=len(foreign),
+        earlier_version=marker is None and marker_ok and has_objects,
+    )
+
+
 class LocalDiskBackend(StorageBackendInterface):
     """Disk tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator)."""
 
@@ -207,6 +375,7 @@ class LocalDiskBackend(StorageBackendInterface):
         dst_device: str = "cpu",
         path: str | None = None,
         max_bytes: int | None = None,
+        adopt: bool | None = None,
     ) -> None:
         super().__init__(dst_device=dst_device)
         self.config = config if config is not None else LMCacheEngineConfig()
@@ -218,6 +387,9 @@ class LocalDiskBackend(StorageBackendInterface):
             max_bytes if max_bytes is not None else self.config.local_disk_size_bytes
         )
         self._fsync = bool(self.config.get_extra_config_value("local_disk.fsync", True))
+        if adopt is None:
+            adopt = bool(self.config.get_extra_config_value("local_disk.adopt", False))
+        self._claim_folder(adopt)
         workers = int(self.config.get_extra_config_value("local_disk.num_workers", 4))
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmc-disk")
         self._lock = threading.Lock()
@@ -238,18 +410,37 @@ class LocalDiskBackend(StorageBackendInterface):
 
     # -- start-up -----------------------------------------------------------------------------
 
+    def _claim_folder(self, adopt: bool) -> None:
+        """Refuse a folder with foreign entries (unless ``adopt``); write the marker."""
+        state = inspect_disk_folder(self.path, adopt)
+        if state.foreign:
+            logger.warning(
+                "disk tier %s adopted: %d foreign entries left untouched", self.path, state.foreign
+            )
+        if state.marked:
+            return
+        if state.earlier_version:
+            logger.info("disk tier %s: files of an earlier version (no marker) adopted", self.path)
+        _write_marker(self.path)
+
     def _rebuild_index(self) -> None:
         found: list[tuple[float, CacheEngineKey, _Entry]] = []
-        for dirent in os.scandir(self.path):
-            if not dirent.is_file():
-                continue
-            if dirent.name.endswith(TMP_SUFFIX):
-                logger.info("removing unfinished write %s", dirent.path)
-                self._unlink(dirent.path)
-            elif dirent.name.endswith(FILE_SUFFIX):
-                loaded = self._load_entry(dirent.path)
-                if loaded is not None:
-                    found.append((dirent.stat().st_mtime, *loaded))
+        removed = 0
+        with os.scandir(self.path) as entries:
+            for dirent in entries:
+                kind = classify_entry(dirent)
+                if kind == _Kind.TMP:
+                    logger.info("removing unfinished write %s", dirent.path)
+                    self._unlink(dirent.path)
+                    removed += 1
+                elif kind == _Kind.OBJECT:
+                    loaded = self._load_entry(dirent.path)
+                    if loaded is None:
+                        removed += 1
+                    else:
+                        found.append((dirent.stat(follow_symlinks=False).st_mtime, *loaded))
+        if removed and self._fsync:
+            fsync_directory(self.path)
         found.sort(key=lambda item: item[0])
         with self._lock:
             for _, key, entry in found:
@@ -329,6 +520,8 @@ class LocalDiskBackend(StorageBackendInterface):
                 if self._fsync:
                     os.fsync(f.fileno())
             os.replace(tmp, final)
+            if self._fsync:
+                fsync_directory(self.path)
         except BaseException:
             logger.exception("disk write of %s failed", key)
             self._unlink(tmp)
@@ -367,6 +560,8 @@ class LocalDiskBackend(StorageBackendInterface):
         return True
 
     def _drop_locked(self, key: CacheEngineKey) -> None:
+        # No folder fsync: an unlink lost to a crash brings back a complete object (or one
+        # that fails validation and is deleted at the next start), never wrong bytes.
         entry = self._index.pop(key)
         self._policy.on_remove(key)
         self._used -= entry.file_size

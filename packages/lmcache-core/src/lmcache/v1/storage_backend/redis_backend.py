@@ -64,6 +64,10 @@ L2_ADAPTER_TYPES = ("resp", "redis", "valkey")
 OPTION_PREFIX = "storage_plugin.redis."
 
 
+_UNREACHED = object()
+"""A put's answer for a key whose cluster shard could not be reached."""
+
+
 class RedisUnavailableError(ConnectionError):
     """Redis could not be reached when the tier started (and the tier is not optional)."""
 
@@ -213,9 +217,10 @@ class RedisStats:
 class _Availability:
     """Circuit breaker: after a connection failure, calls skip Redis until the next probe."""
 
-    def __init__(self, retry_interval_s: float, stats: RedisStats) -> None:
+    def __init__(self, retry_interval_s: float, stats: RedisStats, what: str = "tier") -> None:
         self._interval = retry_interval_s
         self._stats = stats
+        self._what = what
         self._lock = threading.Lock()
         self._down = False
         self._next_probe = 0.0
@@ -241,8 +246,9 @@ class _Availability:
                 self._down = True
                 self._stats.add(outages=1)
                 logger.warning(
-                    "redis tier unavailable (%s: %s): lookups miss and puts are dropped "
+                    "redis %s unavailable (%s: %s): lookups miss and puts are dropped "
                     "until it is back (probing every %.1fs)",
+                    self._what,
                     type(exc).__name__,
                     exc,
                     self._interval,
@@ -254,7 +260,7 @@ class _Availability:
             with self._lock:
                 if self._down:
                     self._down = False
-                    logger.warning("redis tier is reachable again; resumed")
+                    logger.warning("redis %s is reachable again; resumed", self._what)
 
 
 # -- value format ---------------------------------------------------------------------------
@@ -391,6 +397,7 @@ class RedisBackend(StoragePluginInterface):
         self.settings = settings
         self.stats = RedisStats()
         self._availability = _Availability(settings.retry_interval_s, self.stats)
+        self._shard_breakers: dict[str, _Availability] = {}
         self._classes = _counting_connection_classes(self.stats)
         self._prefix = f"{settings.namespace}:"
         self._client_lock = threading.Lock()
@@ -526,6 +533,68 @@ class RedisBackend(StoragePluginInterface):
                 except Exception:
                     logger.debug("closing the stale cluster client failed", exc_info=True)
 
+    def _shard_breaker(self, node: str) -> _Availability:
+        with self._client_lock:
+            breaker = self._shard_breakers.get(node)
+            if breaker is None:
+                breaker = _Availability(self.settings.retry_interval_s, self.stats, f"shard {node}")
+                self._shard_breakers[node] = breaker
+            return breaker
+
+    @staticmethod
+    def _shards(client: Any, names: list[str]) -> dict[str, list[int]]:
+        """Indices of ``names`` grouped by the cluster node that owns their slot."""
+        groups: dict[str, list[int]] = {}
+        for index, name in enumerate(names):
+            node = client.nodes_manager.get_node_from_slot(client.keyslot(name))
+            groups.setdefault(node.name, []).append(index)
+        return groups
+
+    def _run_sharded(
+        self,
+        names: list[str],
+        op: Callable[[Any, list[int]], list[Any]],
+        what: str,
+        unreached: Any = None,
+    ) -> list[Any] | None:
+        """Cluster mode: ``op(client, indices)`` once per shard.  A shard that cannot be
+        reached answers ``unreached`` for its keys and is skipped until its own next probe;
+        the other shards keep answering (one dead or hung node is not a dead tier)."""
+        import redis
+
+        if self._closed or not self._availability.allow():
+            return None
+        try:
+            client = self._get_client()
+            shards = self._shards(client, names)
+        except _unreachable_errors() as exc:
+            self._on_connection_error(exc)
+            return None
+        except redis.RedisError as exc:
+            self.stats.add(errors=1)
+            logger.warning("redis %s failed: %s", what, exc)
+            return None
+        self._availability.succeeded()
+        answers: list[Any] = [unreached] * len(names)
+        for node, indices in shards.items():
+            breaker = self._shard_breaker(node)
+            if not breaker.allow():
+                continue
+            try:
+                results = op(client, indices)
+            except _unreachable_errors() as exc:
+                self.stats.add(errors=1)
+                breaker.failed(exc)
+                continue
+            except redis.RedisError as exc:
+                self.stats.add(errors=1)
+                logger.warning("redis %s on shard %s failed: %s", what, node, exc)
+                continue
+            breaker.succeeded()
+            for index, result in zip(indices, results):
+                answers[index] = result
+        return answers
+
     @property
     def available(self) -> bool:
         """False while Redis is known to be unreachable."""
@@ -553,7 +622,12 @@ class RedisBackend(StoragePluginInterface):
         if not keys:
             return 0
         names = [self.redis_key(k) for k in keys]
-        answers = self._run(lambda c: self._exists_pipeline(c, names), "lookup")
+        if self.settings.cluster:
+            answers = self._run_sharded(
+                names, lambda c, idx: self._exists_pipeline(c, [names[i] for i in idx]), "lookup"
+            )
+        else:
+            answers = self._run(lambda c: self._exists_pipeline(c, names), "lookup")
         return self._prefix_hits(keys, answers, pin)
 
     def _prefix_hits(self, keys: list[CacheEngineKey], answers: list[Any] | None, pin: bool) -> int:
@@ -591,7 +665,12 @@ class RedisBackend(StoragePluginInterface):
             return []
         self._wait_for_pending(keys)
         names = [self.redis_key(k) for k in keys]
-        values = self._run(lambda c: self._fetch(c, names), "get")
+        if self.settings.cluster:
+            values = self._run_sharded(
+                names, lambda c, idx: self._fetch(c, [names[i] for i in idx]), "get"
+            )
+        else:
+            values = self._run(lambda c: self._fetch(c, names), "get")
         return self._materialize(keys, values)
 
     def _materialize(
@@ -766,27 +845,37 @@ class RedisBackend(StoragePluginInterface):
         if stored is None:
             self.stats.add(puts_dropped=len(keys))
             return
-        self.stats.add(puts=len(keys), put_bytes=sum(len(v) for v in values))
+        landed = [i for i, answer in enumerate(stored) if answer is not _UNREACHED]
+        self.stats.add(
+            puts=len(landed),
+            puts_dropped=len(keys) - len(landed),
+            put_bytes=sum(len(values[i]) for i in landed),
+        )
         if on_complete_callback is not None:
-            for key in keys:
-                on_complete_callback(key)
+            for i in landed:
+                on_complete_callback(keys[i])
 
     def _store(self, keys: list[CacheEngineKey], values: list[memoryview]) -> list[Any] | None:
+        """SET NX answers per key (:data:`_UNREACHED` for a cluster shard that is down);
+        None if nothing could be stored."""
         ttl_ms = int(self.settings.ttl_s * 1000) if self.settings.ttl_s is not None else None
+        names = [self.redis_key(key) for key in keys]
 
-        def op(client: Any) -> list[Any]:
+        def op(client: Any, indices: Sequence[int]) -> list[Any]:
             pipe = client.pipeline(transaction=False)
-            for key, value in zip(keys, values):
+            for i in indices:
                 # NX: the first value of a key wins (keys name content, so a second
                 # writer has nothing new to say) and readers never see a value change.
-                pipe.set(self.redis_key(key), value, nx=True, px=ttl_ms)
+                pipe.set(names[i], values[i], nx=True, px=ttl_ms)
             answers = list(pipe.execute(raise_on_error=False))
             failed = [a for a in answers if isinstance(a, Exception)]
             if failed:
                 raise failed[0]
             return answers
 
-        return self._run(op, "put")  # type: ignore[no-any-return]
+        if self.settings.cluster:
+            return self._run_sharded(names, op, "put", unreached=_UNREACHED)
+        return self._run(lambda c: op(c, range(len(keys))), "put")  # type: ignore[no-any-return]
 
     def _wait_for_pending(self, keys: list[CacheEngineKey]) -> None:
         with self._lock:

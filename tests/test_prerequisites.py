@@ -1,0 +1,70 @@
+"""A missing prerequisite is a skip on a developer's machine and a failure under nox/CI."""
+
+from __future__ import annotations
+
+import pytest
+from prerequisites import (
+    missing_prerequisite,
+    prerequisites_required,
+    require_module,
+    require_prerequisite,
+)
+
+GATES = ("CI", "LMCACHE_TEST_REQUIRE_INSTALLED", "LMCACHE_TEST_REQUIRE_DEMO")
+
+
+@pytest.fixture
+def local(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for var in GATES:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(
+    ("env", "required"),
+    [
+        ({}, False),
+        ({"CI": ""}, False),
+        ({"CI": "false"}, False),
+        ({"CI": "0"}, False),
+        ({"CI": "true"}, True),
+        ({"CI": "1"}, True),
+        ({"LMCACHE_TEST_REQUIRE_INSTALLED": "1"}, True),
+        ({"LMCACHE_TEST_REQUIRE_INSTALLED": "0"}, False),
+    ],
+)
+def test_when_prerequisites_are_required(env: dict[str, str], required: bool) -> None:
+    assert prerequisites_required(env) is required
+
+
+def test_missing_is_a_skip_locally(local: pytest.MonkeyPatch) -> None:
+    with pytest.raises(pytest.skip.Exception, match="missing prerequisite thing: why"):
+        missing_prerequisite("thing", "why")
+    require_prerequisite("thing", True, "never raised when available")
+
+
+@pytest.mark.parametrize("var", ["CI", "LMCACHE_TEST_REQUIRE_INSTALLED"])
+def test_missing_is_a_failure_under_nox_and_ci(local: pytest.MonkeyPatch, var: str) -> None:
+    local.setenv(var, "1")
+    with pytest.raises(pytest.fail.Exception, match=f"thing: why .*{var}"):
+        require_prerequisite("thing", False, "why")
+
+
+def test_module_that_is_absent(local: pytest.MonkeyPatch) -> None:
+    with pytest.raises(pytest.skip.Exception, match="no_such_module_here"):
+        require_module("no_such_module_here", "for this test")
+    local.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no_such_module_here"):
+        require_module("no_such_module_here", "for this test")
+    assert require_module("json", "stdlib").dumps(1) == "1"
+
+
+def test_own_gate_ignores_ci(local: pytest.MonkeyPatch) -> None:
+    """Absent by design in the plain sessions (vLLM): a skip even in CI, a failure only
+    where its own variable says it is the point of the session."""
+    local.setenv("CI", "true")
+    with pytest.raises(pytest.skip.Exception):
+        missing_prerequisite("demo", "absent by design", required_env="LMCACHE_TEST_REQUIRE_DEMO")
+    local.setenv("LMCACHE_TEST_REQUIRE_DEMO", "1")
+    with pytest.raises(pytest.fail.Exception, match="LMCACHE_TEST_REQUIRE_DEMO=1"):
+        missing_prerequisite("demo", "absent by design", required_env="LMCACHE_TEST_REQUIRE_DEMO")
