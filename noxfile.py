@@ -3,8 +3,8 @@
 Sessions (``nox -l`` lists them):
 
 * ``build`` -- wheels for lmcache-core and every ``plugins/*`` folder into ``dist/``.
-* ``tests`` -- lmcache-core wheel + registry test plugins + the conformance suite.
-* ``tests(plugin='lmcache-xyz')`` -- the same plus one vendor plugin wheel and that
+* ``tests(core)`` -- lmcache-core wheel + registry test plugins + the conformance suite.
+* ``tests(lmcache-xyz)`` -- the same plus one vendor plugin wheel and that
   plugin's own tests: a plugin's test suite *is* the core conformance suite run with the
   plugin installed.  Plugins are discovered from ``plugins/*``, never listed by hand.
 * ``lint`` (ruff), ``typecheck`` (mypy), ``docs`` (mkdocs --strict).
