@@ -125,10 +125,11 @@ def _check_wheel_abi(session: nox.Session, wheel: Path) -> None:
             session.error(f"{wheel.name} ({abi_tag}) carries {name}")
 
 
-def _interpreter_id(session: nox.Session) -> str:
-    """What of the session's interpreter ends up in a wheel: ABI and platform."""
+@functools.cache
+def _interpreter_id(venv_bin: str) -> str:
+    """What of a session's interpreter ends up in a wheel: ABI and platform."""
     probe = "import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform())"
-    python = Path(session.bin) / "python"
+    python = Path(venv_bin) / "python"
     return subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout
 
 
@@ -162,7 +163,7 @@ def _wheel_key(session: nox.Session, project: Path) -> str:
     digest = hashlib.sha256()
     env = {**os.environ, **_build_env()}
     build_inputs = [
-        _interpreter_id(session),
+        _interpreter_id(session.bin),
         *BUILD_DEPS,
         *(f"{name}={env.get(name, '')}" for name in BUILD_ENV_VARS),
         _nvcc_version(),
