@@ -190,9 +190,18 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _prune_wheel_cache(slug: str, keep: Path) -> None:
-    """Drop all but the most recently used entries of one project (caller holds its lock)."""
-    pattern = re.compile(re.escape(slug) + r"-[0-9a-f]{16}")
-    entries = [d for d in WHEEL_CACHE.iterdir() if d.is_dir() and pattern.fullmatch(d.name)]
+    """Drop all but the most recently used entries of one project, and the leftovers of
+    interrupted builds (the caller holds the project's lock: no build of it is running)."""
+    pattern = re.compile(re.escape(slug) + r"-[0-9a-f]{16}(\.partial)?")
+    entries = []
+    for path in WHEEL_CACHE.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match is None or not path.is_dir():
+            continue
+        if match.group(1):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            entries.append(path)
     entries.sort(key=lambda d: d.stat().st_mtime, reverse=True)
     for entry in entries[WHEEL_CACHE_KEEP:]:
         if entry != keep:
