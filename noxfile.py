@@ -208,7 +208,23 @@ def _prune_wheel_cache(slug: str, keep: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _cached_wheel(session: nox.Session, project: Path) -> Path:
+class _BuildDeps:
+    """Installs the build requirements into a session on its first cache miss only (a
+    no-op ``pip install`` still costs seconds per wheel)."""
+
+    def __init__(self, session: nox.Session) -> None:
+        self._session = session
+        self._installed = False
+
+    def ensure(self) -> None:
+        if not self._installed:
+            self._session.install(*BUILD_DEPS)
+            self._installed = True
+
+
+def _cached_wheel(
+    session: nox.Session, project: Path, build_deps: _BuildDeps | None = None
+) -> Path:
     """The wheel of ``project`` for this session's interpreter, built only if its content
     hash is not in the cache yet."""
     slug = project.relative_to(ROOT).as_posix().replace("/", ".")
@@ -219,7 +235,7 @@ def _cached_wheel(session: nox.Session, project: Path) -> Path:
             entry.touch()  # the mtime orders entries by last use for pruning
             session.log(f"reusing {wheels[0].name} from {entry.relative_to(ROOT)}")
             return wheels[0]
-        session.install(*BUILD_DEPS)
+        (build_deps or _BuildDeps(session)).ensure()
         partial = entry.with_name(entry.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         started = time.monotonic()
@@ -237,7 +253,8 @@ def _cached_wheel(session: nox.Session, project: Path) -> Path:
 
 def _install_wheels(session: nox.Session, projects: list[Path]) -> None:
     """Install the cached wheels of the given projects (building the missing ones)."""
-    wheels = [_cached_wheel(session, project) for project in projects]
+    build_deps = _BuildDeps(session)
+    wheels = [_cached_wheel(session, project, build_deps) for project in projects]
     # Uninstall first: with the same version already installed (a reused venv), pip would
     # resolve dependencies from the *old* metadata and miss newly added ones.
     dists = [w.name.split("-", 1)[0].replace("_", "-") for w in wheels]
@@ -264,8 +281,9 @@ def _run_suite(session: nox.Session, *extra_paths: str) -> None:
 def build(session: nox.Session) -> None:
     """Build every distributable wheel into dist/ (through the wheel cache)."""
     DIST.mkdir(exist_ok=True)
+    build_deps = _BuildDeps(session)
     for project in [CORE, *PLUGINS]:
-        wheel = _cached_wheel(session, project)
+        wheel = _cached_wheel(session, project, build_deps)
         shutil.copy2(wheel, DIST / wheel.name)
         session.log(f"dist/{wheel.name}")
 
