@@ -323,13 +323,20 @@ class MPCacheServer:
                 raise ProtocolError(ErrorCode.UNSUPPORTED_TRANSFER_MODE, str(exc)) from None
         try:
             context = self._create_cache_context(kv_cache, self.chunk_size)
-        except (ValueError, OSError, RuntimeError, NotImplementedError) as exc:
+        except Exception as exc:  # whatever the descriptors hold, nothing stays mapped
             for wrapper in kv_cache:
-                wrapper.close()
+                with contextlib.suppress(Exception):
+                    wrapper.close()
             raise ProtocolError(
-                ErrorCode.BAD_PAYLOAD, f"cannot map the registered KV cache: {exc}"
+                ErrorCode.BAD_PAYLOAD,
+                f"cannot map the registered KV cache: {type(exc).__name__}: {exc}",
             ) from None
         layout: KVLayout = context.layout
+        try:
+            self._check_fits_l1(layout, "register_kv_cache")
+        except ProtocolError:
+            context.close()
+            raise
         self._replace_worker(
             instance_id,
             _Worker(model_name, world_size, layout, MPTransferMode.LMCACHE_DRIVEN, context),
@@ -498,6 +505,7 @@ class MPCacheServer:
             layout.check_chunk_size(self.chunk_size)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
+        self._check_fits_l1(layout, "register_kv_cache_engine_driven_context")
         worker = _Worker(
             payload.model_name, payload.world_size, layout, MPTransferMode.ENGINE_DRIVEN
         )
@@ -514,6 +522,18 @@ class MPCacheServer:
         return RegisterEngineDrivenContextResponse(
             shm_name=self.shm_name, pool_size=self._pool_size
         )
+
+    def _check_fits_l1(self, layout: KVLayout, operation: str) -> None:
+        """Refuse a layout whose chunk cannot fit L1 at all (every store would fail)."""
+        nbytes = layout.chunk_nbytes(self.chunk_size)
+        capacity = int(self.storage.get_memory_allocator().capacity_bytes)
+        if nbytes > capacity:
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD,
+                f"{operation}: one chunk of this KV layout is {nbytes} bytes, more than the "
+                f"whole L1 tier ({capacity} bytes): check num_layers, hidden_dim_size and "
+                f"dtype, or give the server a larger --l1-size-gb",
+            )
 
     def set_engine_driven_sub_path(self, instance_id: int, sub_path: str) -> bool:
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
@@ -733,15 +753,16 @@ class MPCacheServer:
             spans = prefix_chunks(key, self.chunk_size)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
-        ranks = max(1, int(tp_size))
-        per_rank = [
-            [self._storage_key(key, rank, s.chunk_hash) for s in spans] for rank in range(ranks)
-        ]
+        # Keys are built rank by rank and only for the prefix still hit, so the work is
+        # bounded by what is stored, not by tp_size x chunks (tp_size is bounded on the wire).
         hits = len(spans)
-        for keys in per_rank:
-            hits = min(hits, self.storage.batched_contains(keys[:hits]))
+        per_rank: list[list[Any]] = []
+        for rank in range(max(1, int(tp_size))):
             if hits == 0:
                 break
+            keys = [self._storage_key(key, rank, s.chunk_hash) for s in spans[:hits]]
+            hits = min(hits, self.storage.batched_contains(keys))
+            per_rank.append(keys)
         pinned = [k for keys in per_rank for k in keys[:hits] if self.storage.contains(k, pin=True)]
         hit_tokens = sum(s.num_tokens for s in spans[:hits])
         self._count(lookup_hit_tokens=hit_tokens)
