@@ -1,0 +1,378 @@
+"""Fuzz the MP wire: no message kills, wedges or leaks the server, every one gets one reply.
+
+The messages come from ``protocol.RPC_SPECS`` (see ``wire_fuzz.py``) with a fresh seed each
+run, printed so a failure can be replayed: ``LMCACHE_FUZZ_SEED=<seed>``.
+``LMCACHE_FUZZ_MESSAGES`` sets the count (default 20,000).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv, unlink_kv
+from wire_fuzz import (
+    FuzzResult,
+    FuzzSession,
+    MessageFactory,
+    rss_bytes,
+    shm_bytes,
+    shm_segments,
+)
+
+from lmcache.v1.multiprocess import protocol
+from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.platform.base.ipc_wire import DEVICE_IPC_WRAPPER_EXT_CODE
+from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+
+MAX_MESSAGE_MB = 1
+WARMUP_MESSAGES = 2000
+# Allowed growth between the end of warm-up and the end of the run: allocator caches and
+# the bounded lookup-session table may grow; a per-message leak of even 1 KiB over 18,000
+# messages would not fit together with them.
+RSS_GROWTH_LIMIT = 48 * 1024**2
+
+
+def _fuzz_seed() -> int:
+    raw = os.environ.get("LMCACHE_FUZZ_SEED")
+    return int(raw) if raw else secrets.randbits(63)
+
+
+def _fuzz_messages() -> int:
+    return int(os.environ.get("LMCACHE_FUZZ_MESSAGES", "20000"))
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """Its own server (so RSS and mappings are the fuzz's alone), short reap timeouts."""
+    return server_factory(
+        "--supported-transfer-mode",
+        "auto",
+        "--max-message-mb",
+        str(MAX_MESSAGE_MB),
+        "--worker-reap-timeout-seconds",
+        "2",
+        "--pending-transfer-timeout-seconds",
+        "1",
+    )
+
+
+def _key(worker_id: int | None = 0) -> dict[str, Any]:
+    key = IPCCacheServerKey.from_token_ids(
+        "fuzz", 1, worker_id, range(2 * CHUNK_SIZE), request_id="fuzz-req"
+    )
+    return msgspec.to_builtins(key)  # type: ignore[no-any-return]
+
+
+def semantic_seeds(wrappers: list[msgspec.msgpack.Ext]) -> dict[str, list[list[Any]]]:
+    """Requests that pass decoding and reach handler code: registrations that succeed
+    (engine-driven id 1, LMCache-driven id 3 with a real KV cache), then transfers."""
+    blocks = [list(range(8))]
+    engine = {
+        "instance_id": 1,
+        "model_name": "fuzz",
+        "world_size": 1,
+        "block_size": 4,
+        "num_layers": 3,
+        "hidden_dim_size": 16,
+        "dtype_str": "bfloat16",
+        "use_mla": False,
+    }
+    return {
+        "register_kv_cache": [[3, wrappers, "fuzz", 1]],
+        "register_kv_cache_engine_driven_context": [[engine]],
+        "set_engine_driven_sub_path": [[1, "inline"], [1, "shm"]],
+        "store": [[_key(), 3, blocks, b""]],
+        "retrieve": [[_key(), 3, blocks, b"", 0], [_key(), 3, blocks, b"", 4]],
+        "lookup": [[_key(None), 1], [_key(None), 2]],
+        "free_lookup_locks": [[_key(None), 1]],
+        "prepare_store": [[_key(), 1]],
+        "commit_store": [[_key(), 1], [_key(), 1, b"\x82"]],
+        "prepare_retrieve": [[_key(), 1]],
+        "commit_retrieve": [[_key(), 1]],
+        "query_prefetch_status": [["fuzz-req"]],
+        "wait_prefetch_status": [["fuzz-req", 0.0]],
+        "end_session": [["fuzz-req"]],
+        "ping": [[1], [3]],
+        "unregister_kv_cache": [[3]],
+        "unregister_kv_cache_engine_driven_context": [[1]],
+        "protocol_handshake": [[protocol.PROTOCOL_VERSION]],
+    }
+
+
+def _wrapper_exts(kv: list[torch.Tensor]) -> list[msgspec.msgpack.Ext]:
+    from lmcache.v1.platform.kv_wrap import wrap_kv_caches
+
+    return [
+        msgspec.msgpack.Ext(DEVICE_IPC_WRAPPER_EXT_CODE, DeviceIPCWrapper.Serialize(w))
+        for w in wrap_kv_caches(kv)
+    ]
+
+
+def _describe(seed: int, result: FuzzResult, factory: MessageFactory) -> str:
+    return (
+        f"fuzz seed {seed} (replay: LMCACHE_FUZZ_SEED={seed}): sent {result.sent}, "
+        f"replied {result.replied}, missing {result.missing}, unexpected {result.unexpected}, "
+        f"bad replies {result.bad_replies}, slowest window {result.slowest_reply_s:.2f}s, "
+        f"{result.elapsed_s:.1f}s; codes {dict(result.codes)}; "
+        f"strategies {dict(factory.strategy_counts)}"
+    )
+
+
+def test_fuzz_every_message_gets_one_reply(fuzz_server: ServerProcess) -> None:
+    seed, total = _fuzz_seed(), _fuzz_messages()
+    print(f"\nfuzz seed {seed}, {total} messages (replay: LMCACHE_FUZZ_SEED={seed})")
+    rng = random.Random(seed)
+    fuzz_kv = make_kv(shm=True, seed=3)
+    factory = MessageFactory(
+        rng,
+        MAX_MESSAGE_MB * 1024**2,
+        semantic_seeds(_wrapper_exts(fuzz_kv)),
+        _wrapper_exts(fuzz_kv),
+    )
+    uids = iter(range(1 << 62))
+    messages = (factory.message(next(uids)) for _ in iter(int, 1))
+    pid = fuzz_server.proc.pid
+    session = FuzzSession(fuzz_server.url)
+    try:
+        warm = session.run(messages, min(WARMUP_MESSAGES, total))
+        rss_before, shm_before = rss_bytes(pid), shm_segments(pid)
+        rest = session.run(messages, max(0, total - WARMUP_MESSAGES))
+        rss_after, shm_after = rss_bytes(pid), shm_segments(pid)
+    finally:
+        session.close()
+        unlink_kv(fuzz_kv)
+    result = FuzzResult(
+        sent=warm.sent + rest.sent,
+        replied=warm.replied + rest.replied,
+        missing=warm.missing + rest.missing,
+        unexpected=warm.unexpected + rest.unexpected,
+        bad_replies=warm.bad_replies + rest.bad_replies,
+        slowest_reply_s=max(warm.slowest_reply_s, rest.slowest_reply_s),
+        codes=warm.codes + rest.codes,
+        elapsed_s=warm.elapsed_s + rest.elapsed_s,
+    )
+    summary = _describe(seed, result, factory)
+    print(summary)
+    print(f"server RSS {rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB")
+    assert fuzz_server.proc.poll() is None, f"server died: {summary}\n{fuzz_server.log()}"
+    assert result.sent == total
+    assert result.replied == total, summary
+    assert result.missing == 0 and result.unexpected == 0, summary
+    assert result.bad_replies == 0, summary
+    assert result.codes["internal"] == 0, f"{summary}\n{fuzz_server.log()[-5000:]}"
+    assert set(factory.op_counts) == set(protocol.RPC_SPECS), "an operation was never fuzzed"
+    assert rss_after - rss_before < RSS_GROWTH_LIMIT, (
+        f"server RSS grew {(rss_after - rss_before) / 2**20:.1f} MiB: {summary}"
+    )
+    # Registered KV caches are released when their worker is unregistered or reaped; what
+    # stays mapped must not grow past the server's own segments and the one fuzzed cache.
+    grown = shm_after - shm_before
+    assert shm_bytes(grown) <= shm_bytes(shm_segments_of_cache(fuzz_kv)), (
+        f"server maps new /dev/shm segments {sorted(grown)}: {summary}"
+    )
+    _assert_store_retrieve_bit_exact(fuzz_server)
+
+
+def shm_segments_of_cache(kv: list[torch.Tensor]) -> set[str]:
+    from lmcache.v1.platform.cpu.shm import shm_segment_of
+
+    return {f"/dev/shm/{name.lstrip('/')}" for t in kv if (name := shm_segment_of(t))}
+
+
+def _assert_store_retrieve_bit_exact(server: ServerProcess) -> None:
+    for mode in ("engine_driven", "lmcache_driven"):
+        shm = mode == "lmcache_driven"
+        kv, out = make_kv(shm=shm, seed=8), make_kv(shm=shm, seed=None)
+        writer = KVCacheWorker(
+            kv, model_name=f"after-fuzz-{mode}", server_url=server.url, mode=mode
+        )
+        reader = KVCacheWorker(
+            out, model_name=f"after-fuzz-{mode}", server_url=server.url, mode=mode
+        )
+        try:
+            tokens = list(range(2 * CHUNK_SIZE))
+            assert writer.store(tokens, list(range(8)))
+            assert reader.retrieve(tokens, list(range(8, 16)))
+            for a, b in zip(kv, out):
+                assert torch.equal(a[:, :8], b[:, 8:16]), f"{mode}: bytes differ after the fuzz"
+        finally:
+            writer.close()
+            reader.close()
+            if shm:
+                unlink_kv(kv)
+                unlink_kv(out)
+
+
+# -- in-process: decode_payloads --------------------------------------------------------------
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+    | st.builds(
+        msgspec.msgpack.Ext,
+        st.integers(min_value=-128, max_value=127),
+        st.binary(max_size=40),
+    )
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_FRAMES = st.lists(
+    st.one_of(
+        _VALUES.map(msgspec.msgpack.encode),
+        st.binary(max_size=64),
+        st.integers(min_value=1, max_value=20000).map(lambda d: b"\x91" * d + b"\x01"),
+    ),
+    max_size=9,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(operation=st.sampled_from(sorted(protocol.RPC_SPECS)), frames=_FRAMES)
+def test_decode_payloads_returns_or_raises_protocol_error(
+    operation: str, frames: list[bytes]
+) -> None:
+    spec = protocol.RPC_SPECS[operation]
+    try:
+        payloads = protocol.decode_payloads(spec, frames)
+    except protocol.ProtocolError as exc:
+        assert exc.code in (protocol.ErrorCode.BAD_PAYLOAD, protocol.ErrorCode.VERSION_MISMATCH)
+        return
+    assert isinstance(payloads, list) and len(payloads) == len(frames)
+
+
+@settings(max_examples=200, deadline=None)
+@given(frame=st.one_of(_VALUES.map(msgspec.msgpack.encode), st.binary(max_size=64)))
+def test_decode_operation_returns_or_raises_protocol_error(frame: bytes) -> None:
+    try:
+        assert protocol.decode_operation(frame) in protocol.RPC_SPECS
+    except protocol.ProtocolError as exc:
+        assert exc.code in (
+            protocol.ErrorCode.MALFORMED_FRAME,
+            protocol.ErrorCode.UNKNOWN_OPERATION,
+        )
+
+
+def test_wrapper_list_holding_an_int_is_bad_payload() -> None:
+    """The message that used to kill the server (NotImplementedError from the hook)."""
+    spec = protocol.RPC_SPECS["register_kv_cache"]
+    frames = [protocol.encode(v) for v in (1, [1], "m", 1)]
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.decode_payloads(spec, frames)
+    assert info.value.code is protocol.ErrorCode.BAD_PAYLOAD
+    assert "kv_cache" in info.value.message
+
+
+# -- targeted: the inputs the issue names -----------------------------------------------------
+
+
+def _exchange(url: str, frames: list[bytes], timeout_s: float = 5.0) -> list[list[bytes]]:
+    """Send one request; every reply that arrives within ``timeout_s`` (then 0.3 s more)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(url)
+        sock.send_multipart(frames)
+        replies = []
+        wait_ms = int(timeout_s * 1000)
+        while sock.poll(wait_ms):
+            replies.append(sock.recv_multipart())
+            wait_ms = 300
+        return replies
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def _error(url: str, frames: list[bytes]) -> protocol.ErrorReply:
+    replies = _exchange(url, frames)
+    assert len(replies) == 1, f"expected exactly one reply, got {len(replies)}"
+    assert protocol.is_error_operation(protocol.decode(replies[0][1])), replies[0]
+    return protocol.decode(replies[0][2], protocol.ErrorReply)  # type: ignore[no-any-return]
+
+
+def _request(uid: int, operation: str, *payloads: Any) -> list[bytes]:
+    return [protocol.encode(uid), protocol.encode(operation), *map(protocol.encode, payloads)]
+
+
+def test_register_with_an_int_wrapper_is_refused_and_server_lives(
+    fuzz_server: ServerProcess,
+) -> None:
+    reply = _error(fuzz_server.url, _request(1, "register_kv_cache", 7, [1], "m", 1))
+    assert reply.code == "bad_payload"
+    assert "kv_cache" in reply.message
+    assert fuzz_server.proc.poll() is None
+    with fuzz_server.client() as client:
+        assert client.noop() == "noop"
+
+
+@pytest.mark.parametrize(
+    ("operation", "payloads", "field"),
+    [
+        ("lookup", (_key(None), 400000), "tp_size"),
+        ("lookup", ({**_key(None), "world_size": 0}, 1), "world_size"),
+        ("lookup", ({**_key(None), "end": 1 << 40}, 1), "end"),
+        ("store", (_key(), 3, [[-1]], b""), "block_ids"),
+        ("store", ({**_key(), "worker_id": 5000}, 3, [[0]], b""), "worker_id"),
+        ("retrieve", (_key(), 3, [[0]], b"", -4), "skip_first_n_tokens"),
+        ("wait_prefetch_status", ("r", float("nan")), "timeout"),
+        ("ping", (1 << 64) - 1, "instance_id"),
+        (
+            "register_kv_cache_engine_driven_context",
+            (
+                {
+                    "instance_id": 9,
+                    "model_name": "m",
+                    "world_size": 1,
+                    "block_size": 4,
+                    "num_layers": 1 << 20,
+                    "hidden_dim_size": 16,
+                    "dtype_str": "bfloat16",
+                    "use_mla": False,
+                },
+            ),
+            "num_layers",
+        ),
+    ],
+)
+def test_out_of_bounds_numbers_are_refused_naming_the_field(
+    fuzz_server: ServerProcess, operation: str, payloads: Any, field: str
+) -> None:
+    payloads = payloads if isinstance(payloads, tuple) else (payloads,)
+    reply = _error(fuzz_server.url, _request(2, operation, *payloads))
+    assert reply.code == "bad_payload"
+    assert field in reply.message
+
+
+def test_total_request_size_and_frame_count_are_bounded(fuzz_server: ServerProcess) -> None:
+    limit = MAX_MESSAGE_MB * 1024**2
+    # Each frame is under the limit, together they are over it.
+    pieces = [b"x" * (limit // 4)] * 5
+    reply = _error(fuzz_server.url, [*_request(3, "noop"), *pieces])
+    assert reply.code == "message_too_large"
+    assert "per request" in reply.message
+    many = _error(fuzz_server.url, [*_request(4, "noop"), *[b"\x01"] * 200])
+    assert many.code == "message_too_large"
+    assert "frames" in many.message
+    with fuzz_server.client() as client:
+        assert client.noop() == "noop"
