@@ -376,3 +376,80 @@ def test_total_request_size_and_frame_count_are_bounded(fuzz_server: ServerProce
     assert "frames" in many.message
     with fuzz_server.client() as client:
         assert client.noop() == "noop"
+
+
+@pytest.fixture
+def engine() -> Any:
+    """An in-process cache server (no SHM, 16 MiB L1, both transfer modes)."""
+    from lmcache.v1.multiprocess.config import MPServerConfig
+    from lmcache.v1.multiprocess.server import build_cache_server
+    from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+
+    config = MPServerConfig(
+        chunk_size=CHUNK_SIZE,
+        l1_size_gb=1 / 64,
+        shm_name="",
+        supported_transfer_mode=MPTransferMode.AUTO,
+        disable_metrics=True,
+    )
+    server = build_cache_server(config)
+    yield server
+    server.close()
+
+
+def _engine_payload(instance_id: int, **overrides: Any) -> Any:
+    from lmcache.v1.multiprocess.custom_types import RegisterEngineDrivenContextPayload
+
+    fields = {
+        "instance_id": instance_id,
+        "model_name": "m",
+        "world_size": 1,
+        "block_size": 4,
+        "num_layers": 3,
+        "hidden_dim_size": 16,
+        "dtype_str": "bfloat16",
+        "use_mla": False,
+        **overrides,
+    }
+    return RegisterEngineDrivenContextPayload(**fields)
+
+
+def test_registered_workers_are_capped(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache.v1.multiprocess import mp_cache_server
+
+    monkeypatch.setattr(mp_cache_server, "MAX_REGISTERED_WORKERS", 3)
+    for instance_id in range(3):
+        engine.register_kv_cache_engine_driven_context(_engine_payload(instance_id))
+    with pytest.raises(protocol.ProtocolError) as info:
+        engine.register_kv_cache_engine_driven_context(_engine_payload(99))
+    assert info.value.code is protocol.ErrorCode.OUT_OF_MEMORY
+    engine.register_kv_cache_engine_driven_context(_engine_payload(1))  # re-register: room
+    assert engine.get_stats().engine_driven_workers == 3
+
+
+def test_pending_transfers_are_capped(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache.v1.multiprocess import mp_cache_server
+
+    monkeypatch.setattr(mp_cache_server, "MAX_PENDING_TRANSFERS", 2)
+    engine.register_kv_cache_engine_driven_context(_engine_payload(1))
+    engine.set_engine_driven_sub_path(1, "inline")
+    used_before = engine.get_stats().l1_used_bytes
+    for n in (1, 2):
+        key = IPCCacheServerKey.from_token_ids("m", 1, 0, range(n * CHUNK_SIZE))
+        engine.prepare_store(key, 1)
+    third = IPCCacheServerKey.from_token_ids("m", 1, 0, range(3 * CHUNK_SIZE))
+    with pytest.raises(protocol.ProtocolError) as info:
+        engine.prepare_store(third, 1)
+    assert info.value.code is protocol.ErrorCode.OUT_OF_MEMORY
+    assert engine.get_stats().pending_prepares == 2
+    engine.reap(now=1e12)  # every pending transfer expired: all their chunks come back
+    assert engine.get_stats().l1_used_bytes == used_before
+
+
+def test_layout_larger_than_l1_is_refused_at_registration(engine: Any) -> None:
+    with pytest.raises(protocol.ProtocolError) as info:
+        engine.register_kv_cache_engine_driven_context(
+            _engine_payload(5, num_layers=4096, hidden_dim_size=1 << 16)
+        )
+    assert info.value.code is protocol.ErrorCode.BAD_PAYLOAD
+    assert "L1" in info.value.message

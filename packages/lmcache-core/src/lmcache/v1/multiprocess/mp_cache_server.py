@@ -57,6 +57,10 @@ logger = logging.getLogger(__name__)
 # which retrieve checks against the worker's layout (lookups know no dtype).
 _KEY_DTYPE = torch.uint8
 _MAX_LOOKUP_SESSIONS = 65536
+# A peer can name any instance id or token range: these cap what it can make the server
+# remember between reaps (registered workers; prepared but uncommitted transfers).
+MAX_REGISTERED_WORKERS = 4096
+MAX_PENDING_TRANSFERS = 65536
 # Metric label of the LMCache-driven path: the server copies straight between its L1 and
 # the worker's registered KV cache pages.
 DIRECT_SUB_PATH = "direct"
@@ -315,6 +319,7 @@ class MPCacheServer:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "register_kv_cache")
         if not kv_cache:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, "register_kv_cache: empty KV cache list")
+        self._check_worker_room(instance_id, "register_kv_cache")
         _check_layout_hints(layout_hints)
         if self._event_backend is not None:
             try:
@@ -353,6 +358,18 @@ class MPCacheServer:
     def unregister_kv_cache(self, instance_id: int) -> None:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "unregister_kv_cache")
         self._drop_worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
+
+    def _check_worker_room(self, instance_id: int, operation: str) -> None:
+        with self._workers_lock:
+            full = instance_id not in self._workers and len(self._workers) >= (
+                MAX_REGISTERED_WORKERS
+            )
+        if full:
+            raise ProtocolError(
+                ErrorCode.OUT_OF_MEMORY,
+                f"{operation}: {MAX_REGISTERED_WORKERS} workers are already registered; "
+                f"unregister idle ones (or wait for the reaper) before registering more",
+            )
 
     def _replace_worker(self, instance_id: int, worker: _Worker) -> None:
         with self._workers_lock:
@@ -506,6 +523,7 @@ class MPCacheServer:
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
         self._check_fits_l1(layout, "register_kv_cache_engine_driven_context")
+        self._check_worker_room(payload.instance_id, "register_kv_cache_engine_driven_context")
         worker = _Worker(
             payload.model_name, payload.world_size, layout, MPTransferMode.ENGINE_DRIVEN
         )
@@ -720,8 +738,17 @@ class MPCacheServer:
         pending: _Pending,
     ) -> None:
         with self._pending_lock:
-            old = table.pop(ident, None)
-            table[ident] = pending
+            full = ident not in table and len(table) >= MAX_PENDING_TRANSFERS
+            old = None if full else table.pop(ident, None)
+            if not full:
+                table[ident] = pending
+        if full:
+            pending.release()
+            raise ProtocolError(
+                ErrorCode.OUT_OF_MEMORY,
+                f"{MAX_PENDING_TRANSFERS} prepared transfers are waiting for their commit; "
+                f"commit them or wait for --pending-transfer-timeout-seconds",
+            )
         if old is not None:
             old.release()
 
