@@ -25,15 +25,16 @@ from wire_fuzz import (
     FuzzSession,
     MessageFactory,
     rss_bytes,
+    semantic_seeds,
     shm_bytes,
     shm_segments,
+    wrapper_exts,
 )
+from wire_fuzz import request_key as _key
 
 from lmcache.v1.multiprocess import protocol
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.worker import KVCacheWorker
-from lmcache.v1.platform.base.ipc_wire import DEVICE_IPC_WRAPPER_EXT_CODE
-from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 
 MAX_MESSAGE_MB = 1
 WARMUP_MESSAGES = 2000
@@ -67,58 +68,6 @@ def fuzz_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     )
 
 
-def _key(worker_id: int | None = 0) -> dict[str, Any]:
-    key = IPCCacheServerKey.from_token_ids(
-        "fuzz", 1, worker_id, range(2 * CHUNK_SIZE), request_id="fuzz-req"
-    )
-    return msgspec.to_builtins(key)  # type: ignore[no-any-return]
-
-
-def semantic_seeds(wrappers: list[msgspec.msgpack.Ext]) -> dict[str, list[list[Any]]]:
-    """Requests that pass decoding and reach handler code: registrations that succeed
-    (engine-driven id 1, LMCache-driven id 3 with a real KV cache), then transfers."""
-    blocks = [list(range(8))]
-    engine = {
-        "instance_id": 1,
-        "model_name": "fuzz",
-        "world_size": 1,
-        "block_size": 4,
-        "num_layers": 3,
-        "hidden_dim_size": 16,
-        "dtype_str": "bfloat16",
-        "use_mla": False,
-    }
-    return {
-        "register_kv_cache": [[3, wrappers, "fuzz", 1]],
-        "register_kv_cache_engine_driven_context": [[engine]],
-        "set_engine_driven_sub_path": [[1, "inline"], [1, "shm"]],
-        "store": [[_key(), 3, blocks, b""]],
-        "retrieve": [[_key(), 3, blocks, b"", 0], [_key(), 3, blocks, b"", 4]],
-        "lookup": [[_key(None), 1], [_key(None), 2]],
-        "free_lookup_locks": [[_key(None), 1]],
-        "prepare_store": [[_key(), 1]],
-        "commit_store": [[_key(), 1], [_key(), 1, b"\x82"]],
-        "prepare_retrieve": [[_key(), 1]],
-        "commit_retrieve": [[_key(), 1]],
-        "query_prefetch_status": [["fuzz-req"]],
-        "wait_prefetch_status": [["fuzz-req", 0.0]],
-        "end_session": [["fuzz-req"]],
-        "ping": [[1], [3]],
-        "unregister_kv_cache": [[3]],
-        "unregister_kv_cache_engine_driven_context": [[1]],
-        "protocol_handshake": [[protocol.PROTOCOL_VERSION]],
-    }
-
-
-def _wrapper_exts(kv: list[torch.Tensor]) -> list[msgspec.msgpack.Ext]:
-    from lmcache.v1.platform.kv_wrap import wrap_kv_caches
-
-    return [
-        msgspec.msgpack.Ext(DEVICE_IPC_WRAPPER_EXT_CODE, DeviceIPCWrapper.Serialize(w))
-        for w in wrap_kv_caches(kv)
-    ]
-
-
 def _describe(seed: int, result: FuzzResult, factory: MessageFactory) -> str:
     return (
         f"fuzz seed {seed} (replay: LMCACHE_FUZZ_SEED={seed}): sent {result.sent}, "
@@ -137,8 +86,8 @@ def test_fuzz_every_message_gets_one_reply(fuzz_server: ServerProcess) -> None:
     factory = MessageFactory(
         rng,
         MAX_MESSAGE_MB * 1024**2,
-        semantic_seeds(_wrapper_exts(fuzz_kv)),
-        _wrapper_exts(fuzz_kv),
+        semantic_seeds(wrapper_exts(fuzz_kv), CHUNK_SIZE),
+        wrapper_exts(fuzz_kv),
     )
     uids = iter(range(1 << 62))
     messages = (factory.message(next(uids)) for _ in iter(int, 1))
@@ -329,12 +278,12 @@ def test_register_with_an_int_wrapper_is_refused_and_server_lives(
 @pytest.mark.parametrize(
     ("operation", "payloads", "field"),
     [
-        ("lookup", (_key(None), 400000), "tp_size"),
-        ("lookup", ({**_key(None), "world_size": 0}, 1), "world_size"),
-        ("lookup", ({**_key(None), "end": 1 << 40}, 1), "end"),
-        ("store", (_key(), 3, [[-1]], b""), "block_ids"),
-        ("store", ({**_key(), "worker_id": 5000}, 3, [[0]], b""), "worker_id"),
-        ("retrieve", (_key(), 3, [[0]], b"", -4), "skip_first_n_tokens"),
+        ("lookup", (_key(None, CHUNK_SIZE), 400000), "tp_size"),
+        ("lookup", ({**_key(None, CHUNK_SIZE), "world_size": 0}, 1), "world_size"),
+        ("lookup", ({**_key(None, CHUNK_SIZE), "end": 1 << 40}, 1), "end"),
+        ("store", (_key(0, CHUNK_SIZE), 3, [[-1]], b""), "block_ids"),
+        ("store", ({**_key(0, CHUNK_SIZE), "worker_id": 5000}, 3, [[0]], b""), "worker_id"),
+        ("retrieve", (_key(0, CHUNK_SIZE), 3, [[0]], b"", -4), "skip_first_n_tokens"),
         ("wait_prefetch_status", ("r", float("nan")), "timeout"),
         ("ping", (1 << 64) - 1, "instance_id"),
         (

@@ -28,6 +28,7 @@ import msgspec
 import zmq
 
 from lmcache.v1.multiprocess import protocol
+from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.platform.base.ipc_wire import DEVICE_IPC_WRAPPER_EXT_CODE
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 
@@ -183,6 +184,14 @@ class ValueFactory:
         return rng.randint(-(1 << 63), (1 << 64) - 1)
 
 
+def _shallow_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    return value
+
+
 def _deep(depth: int) -> bytes:
     """A msgpack value nested ``depth`` arrays deep (past any decoder recursion limit)."""
     return b"\x91" * depth + b"\x01"
@@ -209,7 +218,8 @@ class MessageFactory:
     def _payloads(self, spec: protocol.RpcSpec) -> list[Any]:
         seeds = self.seeds.get(spec.operation)
         if seeds and self.rng.random() < 0.5:
-            return [dict(p) if isinstance(p, dict) else p for p in self.rng.choice(seeds)]
+            # One level copied: mutations replace top-level fields and items only.
+            return [_shallow_copy(p) for p in self.rng.choice(seeds)]
         count = self.rng.randint(spec.min_payloads, len(spec.payloads))
         return [self.values.valid(kind) for _name, kind in spec.payloads[:count]]
 
@@ -322,6 +332,61 @@ class MessageFactory:
         count = min(protocol.MAX_REQUEST_FRAMES, 6)
         piece = limit // (count - 2) + 64
         return frames[:2] + [b"y" * piece for _ in range(count - 2)]
+
+
+def request_key(worker_id: int | None, chunk_size: int) -> dict[str, Any]:
+    key = IPCCacheServerKey.from_token_ids(
+        "fuzz", 1, worker_id, range(2 * chunk_size), request_id="fuzz-req"
+    )
+    return msgspec.to_builtins(key)  # type: ignore[no-any-return]
+
+
+def semantic_seeds(wrappers: list[Ext], chunk_size: int) -> dict[str, list[list[Any]]]:
+    """Requests that pass decoding and reach handler code: registrations that succeed
+    (engine-driven id 1, LMCache-driven id 3 with a real KV cache), then transfers."""
+    blocks = [list(range(8))]
+    key, group_key = request_key(0, chunk_size), request_key(None, chunk_size)
+    engine = {
+        "instance_id": 1,
+        "model_name": "fuzz",
+        "world_size": 1,
+        "block_size": 4,
+        "num_layers": 3,
+        "hidden_dim_size": 16,
+        "dtype_str": "bfloat16",
+        "use_mla": False,
+    }
+    return {
+        "register_kv_cache": [[3, wrappers, "fuzz", 1]],
+        "register_kv_cache_engine_driven_context": [[engine]],
+        "set_engine_driven_sub_path": [[1, "inline"], [1, "shm"]],
+        "store": [[key, 3, blocks, b""]],
+        "retrieve": [
+            [key, 3, blocks, b"", 0],
+            [key, 3, blocks, b"", 4],
+        ],
+        "lookup": [[group_key, 1], [group_key, 2]],
+        "free_lookup_locks": [[group_key, 1]],
+        "prepare_store": [[key, 1]],
+        "commit_store": [[key, 1], [key, 1, b"\x82"]],
+        "prepare_retrieve": [[key, 1]],
+        "commit_retrieve": [[key, 1]],
+        "query_prefetch_status": [["fuzz-req"]],
+        "wait_prefetch_status": [["fuzz-req", 0.0]],
+        "end_session": [["fuzz-req"]],
+        "ping": [[1], [3]],
+        "unregister_kv_cache": [[3]],
+        "unregister_kv_cache_engine_driven_context": [[1]],
+        "protocol_handshake": [[protocol.PROTOCOL_VERSION]],
+    }
+
+
+def wrapper_exts(kv: list[Any]) -> list[Ext]:
+    from lmcache.v1.platform.kv_wrap import wrap_kv_caches
+
+    return [
+        Ext(DEVICE_IPC_WRAPPER_EXT_CODE, DeviceIPCWrapper.Serialize(w)) for w in wrap_kv_caches(kv)
+    ]
 
 
 def expected_uid_frame(frames: list[bytes]) -> bytes:
