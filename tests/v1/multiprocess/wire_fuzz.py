@@ -58,6 +58,8 @@ NASTY_INTS = [
 ]
 NASTY_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 1e308, -1.0, 3601.0]
 NASTY_STRS = ["", "x" * 5000, "\x00", "m/../../etc", "é" * 300, "@salt", "store", "__error__"]
+# Keys the handlers look up inside free-form (Any) payloads such as layout_hints.
+HANDLER_KEYS = ["kv_layout", "lmcache.tag.user", "lmcache.tag."]
 
 
 @functools.cache
@@ -176,7 +178,8 @@ class ValueFactory:
         if kind == 7 and depth < 3:
             return [self.nasty(depth + 1) for _ in range(rng.randint(0, 4))]
         if kind == 8 and depth < 3:
-            return {rng.choice(NASTY_STRS): self.nasty(depth + 1) for _ in range(rng.randint(0, 3))}
+            keys = NASTY_STRS + HANDLER_KEYS
+            return {rng.choice(keys): self.nasty(depth + 1) for _ in range(rng.randint(0, 3))}
         if kind == 9:  # big flat containers
             return [rng.choice(NASTY_INTS)] * rng.choice([1000, 20000])
         if kind == 10 and self.wrapper_exts:
@@ -346,6 +349,11 @@ def semantic_seeds(wrappers: list[Ext], chunk_size: int) -> dict[str, list[list[
     (engine-driven id 1, LMCache-driven id 3 with a real KV cache), then transfers."""
     blocks = [list(range(8))]
     key, group_key = request_key(0, chunk_size), request_key(None, chunk_size)
+    tagged_key = {
+        **group_key,
+        "cache_salt": "s",
+        "request_configs": {"lmcache.tag.user": "a", "other": [1]},
+    }
     engine = {
         "instance_id": 1,
         "model_name": "fuzz",
@@ -357,7 +365,10 @@ def semantic_seeds(wrappers: list[Ext], chunk_size: int) -> dict[str, list[list[
         "use_mla": False,
     }
     return {
-        "register_kv_cache": [[3, wrappers, "fuzz", 1]],
+        "register_kv_cache": [
+            [3, wrappers, "fuzz", 1],
+            [3, wrappers, "fuzz", 1, "vllm", {"kv_layout": "NHD"}, None],
+        ],
         "register_kv_cache_engine_driven_context": [[engine]],
         "set_engine_driven_sub_path": [[1, "inline"], [1, "shm"]],
         "store": [[key, 3, blocks, b""]],
@@ -365,7 +376,7 @@ def semantic_seeds(wrappers: list[Ext], chunk_size: int) -> dict[str, list[list[
             [key, 3, blocks, b"", 0],
             [key, 3, blocks, b"", 4],
         ],
-        "lookup": [[group_key, 1], [group_key, 2]],
+        "lookup": [[group_key, 1], [group_key, 2], [tagged_key, 1]],
         "free_lookup_locks": [[group_key, 1]],
         "prepare_store": [[key, 1]],
         "commit_store": [[key, 1], [key, 1, b"\x82"]],

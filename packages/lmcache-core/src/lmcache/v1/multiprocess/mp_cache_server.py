@@ -116,6 +116,12 @@ _SUPPORTED_KV_LAYOUTS = frozenset({"NHD"})
 def _check_layout_hints(layout_hints: Any) -> None:
     """Refuse a declared KV layout we would misread (we infer ``[2, NB, BS, NH, HS]``)."""
     kv_layout = layout_hints.get("kv_layout") if isinstance(layout_hints, dict) else None
+    if kv_layout is not None and not isinstance(kv_layout, str):
+        raise ProtocolError(
+            ErrorCode.BAD_PAYLOAD,
+            f"register_kv_cache: layout_hints kv_layout must be a string, got "
+            f"{type(kv_layout).__name__}",
+        )
     if kv_layout is not None and kv_layout not in _SUPPORTED_KV_LAYOUTS:
         raise ProtocolError(
             ErrorCode.SHAPE_MISMATCH,
