@@ -19,6 +19,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -70,7 +71,14 @@ class Server:
         ]  # fmt: skip
         env = dict(os.environ, LMCACHE_LOG_LEVEL="WARNING")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 60
+        try:
+            self._wait_ready()
+        except BaseException:  # interrupted or failed start-up: leave no server behind
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited during start-up:\n{self.log_tail()}")
@@ -79,7 +87,6 @@ class Server:
                 return
             except ServerUnavailableError:
                 time.sleep(0.1)
-        self.proc.kill()
         raise RuntimeError("server did not start")
 
     def alive(self) -> bool:
@@ -144,13 +151,15 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     messages = (factory.message(next(uid)) for _ in iter(int, 1))
     log_dir = Path(tempfile.mkdtemp(prefix="lmcache-fuzz-soak-"))
     crashes, servers_started = 0, 1
-    server = Server(log_dir, 0)
-    session = FuzzSession(server.url, reply_timeout_s=args.reply_timeout)
+    server: Server | None = None
+    session: FuzzSession | None = None
     total = FuzzResult()
     rss_start = shm_start = None
-    start = time.monotonic()
-    last_report = start
     try:
+        server = Server(log_dir, 0)
+        session = FuzzSession(server.url, reply_timeout_s=args.reply_timeout)
+        start = time.monotonic()
+        last_report = start
         while total.sent < args.messages:
             part = session.run(messages, min(args.step, args.messages - total.sent))
             _add(total, part)
@@ -160,6 +169,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                       f"messages:\n{server.log_tail()}", flush=True)  # fmt: skip
                 session.close()
                 server.stop()
+                server = None
                 server = Server(log_dir, servers_started)
                 servers_started += 1
                 session = FuzzSession(server.url, reply_timeout_s=args.reply_timeout)
@@ -180,8 +190,10 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         alive = server.alive()
         bit_exact = alive and _bit_exact(server.url)
     finally:
-        session.close()
-        server.stop()
+        if session is not None:
+            session.close()
+        if server is not None:
+            server.stop()
         unlink_kv(kv)
     new_shm = sorted(shm_end - (shm_start or set()))
     return {
@@ -223,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--messages must be positive")
     if args.json is not None and not args.json.parent.is_dir():
         parser.error(f"--json: folder {args.json.parent} does not exist")
+    # SIGTERM unwinds like Ctrl-C, so the server is stopped and the fuzz KV cache unlinked.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     report = soak(args)
     print(json.dumps(report, indent=2))
     if args.json is not None:
