@@ -24,6 +24,7 @@ from wire_fuzz import (
     FuzzResult,
     FuzzSession,
     MessageFactory,
+    ValueFactory,
     rss_bytes,
     semantic_seeds,
     shm_bytes,
@@ -197,9 +198,7 @@ _FRAMES = st.lists(
 
 @settings(max_examples=400, deadline=None)
 @given(operation=st.sampled_from(sorted(protocol.RPC_SPECS)), frames=_FRAMES)
-def test_decode_payloads_returns_or_raises_protocol_error(
-    operation: str, frames: list[bytes]
-) -> None:
+def test_decode_payloads_of_random_frames(operation: str, frames: list[bytes]) -> None:
     spec = protocol.RPC_SPECS[operation]
     try:
         payloads = protocol.decode_payloads(spec, frames)
@@ -207,6 +206,50 @@ def test_decode_payloads_returns_or_raises_protocol_error(
         assert exc.code in (protocol.ErrorCode.BAD_PAYLOAD, protocol.ErrorCode.VERSION_MISMATCH)
         return
     assert isinstance(payloads, list) and len(payloads) == len(frames)
+
+
+@pytest.mark.parametrize("operation", sorted(protocol.RPC_SPECS))
+@settings(max_examples=60, deadline=None)
+@given(
+    rnd=st.randoms(use_true_random=False),
+    nasty=_VALUES,
+    position=st.integers(min_value=0, max_value=8),
+    mode=st.sampled_from(["payload", "element", "raw", "deep", "drop", "extra"]),
+)
+def test_decode_payloads_of_mutated_valid_requests(
+    operation: str, rnd: random.Random, nasty: Any, position: int, mode: str
+) -> None:
+    """Valid payloads of the operation's own types with one part replaced: what reaches
+    the type- and bound-checking (and the decode hooks) that random frames rarely do."""
+    spec = protocol.RPC_SPECS[operation]
+    values = ValueFactory(rnd, [])
+    payloads = [values.valid(kind) for _name, kind in spec.payloads]
+    index = position % len(payloads) if payloads else 0
+    if mode == "element" and payloads:
+        target = payloads[index]
+        if isinstance(target, list) and target:
+            target[position % len(target)] = nasty
+        elif isinstance(target, dict) and target:
+            target[sorted(target)[position % len(target)]] = nasty
+        else:
+            payloads[index] = nasty
+    elif mode == "payload" and payloads:
+        payloads[index] = nasty
+    frames = [msgspec.msgpack.encode(p) for p in payloads]
+    if mode == "raw" and frames:
+        frames[index] = rnd.randbytes(position * 4)
+    elif mode == "deep" and frames:
+        frames[index] = b"\x91" * (1000 * (position + 1)) + b"\x01"
+    elif mode == "drop":
+        frames = frames[: max(0, len(frames) - 1 - position % 2)]
+    elif mode == "extra":
+        frames.append(msgspec.msgpack.encode(nasty))
+    try:
+        decoded = protocol.decode_payloads(spec, frames)
+    except protocol.ProtocolError as exc:
+        assert exc.code in (protocol.ErrorCode.BAD_PAYLOAD, protocol.ErrorCode.VERSION_MISMATCH)
+        return
+    assert isinstance(decoded, list) and len(decoded) == len(frames)
 
 
 @settings(max_examples=200, deadline=None)

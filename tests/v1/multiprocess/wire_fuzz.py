@@ -86,6 +86,27 @@ def _annotated(tp: Any) -> tuple[Any, dict[str, Any]]:
     return tp, bounds
 
 
+# A wrapper that decodes (a well-formed CPU SHM descriptor) but names no existing segment.
+_UNMAPPED_WRAPPER = Ext(
+    DEVICE_IPC_WRAPPER_EXT_CODE,
+    msgspec.msgpack.encode(
+        {
+            "type": "cpu_shm",
+            "version": 1,
+            "metadata": {
+                "dtype": "bfloat16",
+                "shape": [2, 4, 4, 2, 8],
+                "stride": [256, 64, 16, 8, 1],
+                "storage_offset": 0,
+                "device_uuid": "",
+            },
+            "shm_name": "/lmcache_kv_fuzz_missing",
+            "nbytes": 1024,
+        }
+    ),
+)
+
+
 class ValueFactory:
     """Values of a wire type: valid ones inside its bounds, or nasty ones."""
 
@@ -116,8 +137,8 @@ class ValueFactory:
         if tp is bytes:
             return rng.choice([b"", b"\x01\x02", rng.randbytes(rng.randint(0, 64))])
         if tp is DeviceIPCWrapper:
-            if self.wrapper_exts and rng.random() < 0.7:
-                return rng.choice(self.wrapper_exts)
+            if rng.random() < 0.7:
+                return rng.choice(self.wrapper_exts) if self.wrapper_exts else _UNMAPPED_WRAPPER
             return Ext(DEVICE_IPC_WRAPPER_EXT_CODE, rng.randbytes(rng.randint(0, 40)))
         if origin in (Union, types.UnionType):
             return self.valid(rng.choice(typing.get_args(tp)), depth + 1)
