@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -370,8 +371,7 @@ def test_total_request_size_and_frame_count_are_bounded(fuzz_server: ServerProce
         assert client.noop() == "noop"
 
 
-@pytest.fixture
-def engine() -> Any:
+def _build_engine() -> Any:
     """An in-process cache server (no SHM, 16 MiB L1, both transfer modes)."""
     from lmcache.v1.multiprocess.config import MPServerConfig
     from lmcache.v1.multiprocess.server import build_cache_server
@@ -384,7 +384,12 @@ def engine() -> Any:
         supported_transfer_mode=MPTransferMode.AUTO,
         disable_metrics=True,
     )
-    server = build_cache_server(config)
+    return build_cache_server(config)
+
+
+@pytest.fixture
+def engine() -> Any:
+    server = _build_engine()
     yield server
     server.close()
 
@@ -445,3 +450,52 @@ def test_layout_larger_than_l1_is_refused_at_registration(engine: Any) -> None:
         )
     assert info.value.code is protocol.ErrorCode.BAD_PAYLOAD
     assert "L1" in info.value.message
+
+
+def test_a_flood_waits_in_the_transport_not_in_server_memory() -> None:
+    """Past ``max_in_flight`` queued requests the loop stops reading; all are answered."""
+    import threading
+
+    from mp_server_helpers import free_port
+
+    from lmcache.v1.multiprocess.config import MPServerConfig
+    from lmcache.v1.multiprocess.server import MPServer
+
+    release = threading.Event()
+    started: list[str] = []
+
+    def slow_end_session(request_id: str) -> None:
+        started.append(request_id)
+        release.wait(30)
+
+    engine = _build_engine()
+    engine.end_session = slow_end_session
+    server = MPServer(MPServerConfig(port=free_port(), max_workers=2), engine)
+    server.max_in_flight = 4
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(server.endpoint)
+        for uid in range(40):
+            sock.send_multipart(_request(uid, "end_session", f"r{uid}"))
+        deadline = time.monotonic() + 10
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert server._in_flight == 4, "the loop must stop reading at max_in_flight"
+        assert len(started) == 2  # two handler threads busy, two queued, the rest unread
+        release.set()
+        uids = set()
+        while len(uids) < 40 and sock.poll(10000):
+            uids.add(protocol.decode(sock.recv_multipart()[0]))
+        assert uids == set(range(40))
+    finally:
+        release.set()
+        server.request_stop()
+        loop.join(10)
+        sock.close(0)
+        ctx.term()
+        server.close()

@@ -80,6 +80,9 @@ _REAP_INTERVAL_S = 1.0
 _SEND_HWM = 1000
 # A valid request_uid frame is a msgpack int (at most 9 bytes); a longer one is not echoed.
 _MAX_ECHOED_UID_BYTES = 16
+# Requests queued or running in the handler pools; beyond it the loop stops reading new
+# ones (ZeroMQ holds them, pushing back on senders) so a flood cannot grow memory unbounded.
+MAX_IN_FLIGHT = 1024
 _ERROR_LOG_INTERVAL_S = 60.0
 _ERROR_LOG_MAX_KINDS = 256
 
@@ -279,6 +282,7 @@ class MPServer:
         self._stop = threading.Event()
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
+        self.max_in_flight = MAX_IN_FLIGHT
         self._closed = False
         self._errors = RateLimitedErrorLog(logger)
         self.http_url: str | None = None
@@ -295,11 +299,14 @@ class MPServer:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._replies, zmq.POLLIN)
+        replies_only = zmq.Poller()  # while saturated: wait for handlers to finish
+        replies_only.register(self._replies, zmq.POLLIN)
         next_reap = time.monotonic() + _REAP_INTERVAL_S
         logger.info("LMCache MP server listening on %s", self.endpoint)
         while not self._stop.is_set():
             try:
-                ready = dict(poller.poll(_POLL_MS))
+                active = replies_only if self._saturated() else poller
+                ready = dict(active.poll(_POLL_MS))
                 if self._replies in ready:
                     self._pump_replies()
                 if self._router in ready:
@@ -352,8 +359,14 @@ class MPServer:
 
     # -- requests -----------------------------------------------------------------------------
 
+    def _saturated(self) -> bool:
+        return self._in_flight >= self.max_in_flight
+
     def _pump_requests(self) -> None:
         for _ in range(256):
+            # While draining, new requests are answered inline (shutting_down), never queued.
+            if self._saturated() and not self._stop.is_set():
+                return
             try:
                 # copy=False: sizes are checked before any frame is copied out of libzmq.
                 frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
