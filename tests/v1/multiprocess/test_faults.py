@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -319,77 +318,6 @@ def test_client_that_never_reads_replies(fault_server: ServerProcess) -> None:
     finally:
         hog.close(0)
         ctx.term()
-
-
-def _mutations(rng: random.Random, valid: list[list[bytes]]) -> list[bytes]:
-    choice = rng.random()
-    if choice < 0.3:
-        return [rng.randbytes(rng.randint(0, 40)) for _ in range(rng.randint(1, 6))]
-    frames = [bytearray(f) for f in rng.choice(valid)]
-    if choice < 0.6:
-        for _ in range(rng.randint(1, 4)):
-            frame = rng.choice(frames)
-            if frame:
-                frame[rng.randrange(len(frame))] = rng.randrange(256)
-    elif choice < 0.75:
-        frames = frames[: rng.randint(1, len(frames))]
-    elif choice < 0.9:
-        frames[1] = bytearray(protocol.encode(rng.choice([rng.randint(-5, 40), "store", "x"])))
-    else:
-        frames.append(bytearray(rng.randbytes(8)))
-    return [bytes(f) for f in frames]
-
-
-def test_fuzz_then_normal_store_retrieve(fault_server: ServerProcess) -> None:
-    rng = random.Random(1234)
-    key = _key("fuzz")
-    valid = [
-        protocol.encode_request(1, "store", [key, 1, [[0, 1, 2, 3]], b""]),
-        protocol.encode_request(2, "retrieve", [key, 1, [[0, 1, 2, 3]], b"", 0]),
-        protocol.encode_request(3, "lookup", [key.no_worker_id_version(), 1]),
-        protocol.encode_request(4, "prepare_store", [key, 1]),
-        protocol.encode_request(5, "commit_store", [key, 1, b"abc"]),
-        protocol.encode_request(6, "query_prefetch_status", ["r"]),
-        protocol.encode_request(7, "ping", [3]),
-        protocol.encode_request(8, "get_chunk_size", []),
-        protocol.encode_request(9, "end_session", ["r"]),
-        protocol.encode_request(10, "unregister_kv_cache", [77]),
-    ]
-    fuzzer = RawClient(fault_server.url)
-    sent = received = 0
-    try:
-        for _batch in range(20):
-            for _ in range(500):
-                fuzzer.send(_mutations(rng, valid))
-                sent += 1
-            while received < sent:
-                fuzzer.recv(timeout=10)
-                received += 1
-    finally:
-        fuzzer.close()
-    assert received == sent >= 10000
-    kv = make_kv(seed=8)
-    out = make_kv(seed=None)
-    worker = KVCacheWorker(
-        kv, model_name="after-fuzz", server_url=fault_server.url, mode="engine_driven"
-    )
-    reader = KVCacheWorker(
-        out, model_name="after-fuzz", server_url=fault_server.url, mode="engine_driven"
-    )
-    try:
-        tokens = list(range(2 * CHUNK_SIZE))
-        assert worker.store(tokens, list(range(8)))
-        assert reader.retrieve(tokens, list(range(8, 16)))
-        assert all(torch_equal(a[:, :8], b[:, 8:16]) for a, b in zip(kv, out))
-    finally:
-        worker.close()
-        reader.close()
-
-
-def torch_equal(a: Any, b: Any) -> bool:
-    import torch
-
-    return bool(torch.equal(a, b))
 
 
 def test_error_reply_is_a_msgspec_struct() -> None:

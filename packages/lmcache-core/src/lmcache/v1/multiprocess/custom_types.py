@@ -2,18 +2,52 @@
 
 Everything here is a ``msgspec.Struct`` or a plain dataclass msgspec encodes natively, so
 the wire never carries pickles.  Names and fields follow upstream LMCache 0.5.6.
+
+Every number and length that arrives on the wire is bounded here, once, with msgspec
+``Meta`` constraints: the decoder refuses an out-of-range field (naming it) before any
+handler runs, so no request can make the server loop over, allocate or hash more than
+these bounds allow.  Python callers constructing these types are not checked; the server is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 _FORBIDDEN_SALT_CHARS = frozenset("@/\\\x00")
 MAX_CACHE_SALT_LEN = 128
+
+# -- wire bounds (see the module docstring) --------------------------------------------------
+MAX_WORLD_SIZE = 1024  # TP/PP ranks of one model instance
+MAX_TOKENS = 1 << 22  # tokens of one request (4,194,304)
+MAX_BLOCK_ID = (1 << 31) - 1
+MAX_KV_GROUPS = 64  # block-id lists (KV cache groups) of one request
+MAX_LAYERS = 4096
+MAX_BLOCK_SIZE = 1 << 16  # tokens per engine block
+MAX_HIDDEN_DIM = 1 << 24  # num_heads * head_size of one layer
+MAX_NAME_LEN = 1024  # model names, request ids, engine types
+MAX_HANDLE_BYTES = 64 * 1024  # event handles
+MAX_RECORDS = 1 << 16  # block-allocation records of one report
+MAX_TIMEOUT_S = 3600.0
+MAX_KV_READERS = 1 << 16
+
+Int64 = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+InstanceId = Int64  # a dict key only; upstream and lmcache-core pick random 62-bit ids
+WorldSize = Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)]
+Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]
+TokenCount = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
+TokenIds = Annotated[tuple[Int64, ...], Meta(max_length=MAX_TOKENS)]
+BlockId = Annotated[int, Meta(ge=0, le=MAX_BLOCK_ID)]
+BlockIdList = Annotated[list[BlockId], Meta(max_length=MAX_TOKENS)]
+BlockIds = Annotated[list[BlockIdList], Meta(max_length=MAX_KV_GROUPS)]
+Name = Annotated[str, Meta(max_length=MAX_NAME_LEN)]
+Handle = Annotated[bytes, Meta(max_length=MAX_HANDLE_BYTES)]
+Timeout = Annotated[float, Meta(ge=0.0, le=MAX_TIMEOUT_S)]
+Salt = Annotated[str, Meta(max_length=MAX_CACHE_SALT_LEN)]
 
 
 class EngineType(str, enum.Enum):
@@ -32,16 +66,18 @@ class IPCCacheServerKey:
     ``worker_id`` is ``None`` for a lookup on behalf of a whole TP group.
     """
 
-    model_name: str
-    world_size: int
-    worker_id: int | None
-    token_ids: tuple[int, ...]
-    start: int
-    end: int
-    request_id: str = dataclasses.field(default="", compare=False)
-    cache_salt: str = ""
-    request_configs: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
-    num_kv_readers: int = dataclasses.field(default=0, compare=False)
+    model_name: Name
+    world_size: WorldSize
+    worker_id: Rank | None
+    token_ids: TokenIds
+    start: TokenCount
+    end: TokenCount
+    request_id: Name = dataclasses.field(default="", compare=False)
+    cache_salt: Salt = ""
+    request_configs: dict[Name, Any] | None = dataclasses.field(default=None, compare=False)
+    num_kv_readers: Annotated[int, Meta(ge=0, le=MAX_KV_READERS)] = dataclasses.field(
+        default=0, compare=False
+    )
 
     def __post_init__(self) -> None:
         validate_cache_salt(self.cache_salt)
@@ -91,15 +127,15 @@ def validate_cache_salt(salt: str) -> None:
 
 
 class RegisterEngineDrivenContextPayload(msgspec.Struct):
-    instance_id: int
-    model_name: str
-    world_size: int
-    block_size: int
-    num_layers: int
-    hidden_dim_size: int
-    dtype_str: str
+    instance_id: InstanceId
+    model_name: Name
+    world_size: WorldSize
+    block_size: Annotated[int, Meta(ge=1, le=MAX_BLOCK_SIZE)]
+    num_layers: Annotated[int, Meta(ge=1, le=MAX_LAYERS)]
+    hidden_dim_size: Annotated[int, Meta(ge=1, le=MAX_HIDDEN_DIM)]
+    dtype_str: Annotated[str, Meta(max_length=64)]
     use_mla: bool
-    num_physical_slots: int | None = None
+    num_physical_slots: Annotated[int, Meta(ge=0, le=MAX_BLOCK_ID)] | None = None
 
 
 class RegisterEngineDrivenContextResponse(msgspec.Struct):
@@ -120,9 +156,9 @@ class PrepareRetrieveResponse(msgspec.Struct):
 class BlockAllocationRecord(msgspec.Struct):
     """Upstream's per-request engine block-allocation delta (``report_block_allocation``)."""
 
-    req_id: str
-    new_block_ids: list[int]
-    new_token_ids: list[int]
+    req_id: Name
+    new_block_ids: BlockIdList
+    new_token_ids: Annotated[list[Int64], Meta(max_length=MAX_TOKENS)]
 
 
 class ShmSlotDescriptor(msgspec.Struct):

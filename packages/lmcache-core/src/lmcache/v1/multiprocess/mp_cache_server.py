@@ -70,6 +70,10 @@ _KEY_DTYPE = torch.uint8
 _MAX_LOOKUP_SESSIONS = 65536
 # Refused admin requests are logged at most this often (a peer may send them in a loop).
 _REFUSAL_LOG_INTERVAL_S = 60.0
+# A peer can name any instance id or token range: these cap what it can make the server
+# remember between reaps (registered workers; prepared but uncommitted transfers).
+MAX_REGISTERED_WORKERS = 4096
+MAX_PENDING_TRANSFERS = 65536
 # Metric label of the LMCache-driven path: the server copies straight between its L1 and
 # the worker's registered KV cache pages.
 DIRECT_SUB_PATH = "direct"
@@ -132,6 +136,12 @@ def _close_wrappers(kv_cache: list[Any]) -> None:
 def _check_layout_hints(layout_hints: Any) -> None:
     """Refuse a declared KV layout we would misread (we infer ``[2, NB, BS, NH, HS]``)."""
     kv_layout = layout_hints.get("kv_layout") if isinstance(layout_hints, dict) else None
+    if kv_layout is not None and not isinstance(kv_layout, str):
+        raise ProtocolError(
+            ErrorCode.BAD_PAYLOAD,
+            f"register_kv_cache: layout_hints kv_layout must be a string, got "
+            f"{type(kv_layout).__name__}",
+        )
     if kv_layout is not None and kv_layout not in _SUPPORTED_KV_LAYOUTS:
         raise ProtocolError(
             ErrorCode.SHAPE_MISMATCH,
@@ -360,13 +370,18 @@ class MPCacheServer:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "register_kv_cache")
         if not kv_cache:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, "register_kv_cache: empty KV cache list")
+        self._check_worker_room(instance_id, "register_kv_cache")
         _check_layout_hints(layout_hints)
         context, events = self._map_kv_cache(kv_cache)
         try:
             layout = context.layout
+            self._check_fits_l1(layout, "register_kv_cache")
         except ValueError as exc:
             context.close()
             raise ProtocolError(ErrorCode.SHAPE_MISMATCH, f"register_kv_cache: {exc}") from None
+        except ProtocolError:
+            context.close()
+            raise
         worker = _Worker(model_name, world_size, layout, MPTransferMode.LMCACHE_DRIVEN, context)
         worker.events = events
         self._replace_worker(instance_id, worker)
@@ -391,10 +406,11 @@ class MPCacheServer:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_TRANSFER_MODE, f"register_kv_cache: {exc}"
             ) from None
-        except (ValueError, OSError, RuntimeError) as exc:
+        except Exception as exc:  # whatever the descriptors hold, nothing stays mapped
             _close_wrappers(kv_cache)
             raise ProtocolError(
-                ErrorCode.BAD_PAYLOAD, f"cannot map the registered KV cache: {exc}"
+                ErrorCode.BAD_PAYLOAD,
+                f"cannot map the registered KV cache: {type(exc).__name__}: {exc}",
             ) from None
         try:
             check_event_support(device, context)
@@ -408,6 +424,18 @@ class MPCacheServer:
     def unregister_kv_cache(self, instance_id: int) -> None:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "unregister_kv_cache")
         self._drop_worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
+
+    def _check_worker_room(self, instance_id: int, operation: str) -> None:
+        with self._workers_lock:
+            full = instance_id not in self._workers and len(self._workers) >= (
+                MAX_REGISTERED_WORKERS
+            )
+        if full:
+            raise ProtocolError(
+                ErrorCode.OUT_OF_MEMORY,
+                f"{operation}: {MAX_REGISTERED_WORKERS} workers are already registered; "
+                f"unregister idle ones (or wait for the reaper) before registering more",
+            )
 
     def _replace_worker(self, instance_id: int, worker: _Worker) -> None:
         with self._workers_lock:
@@ -560,6 +588,8 @@ class MPCacheServer:
             layout.check_chunk_size(self.chunk_size)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
+        self._check_fits_l1(layout, "register_kv_cache_engine_driven_context")
+        self._check_worker_room(payload.instance_id, "register_kv_cache_engine_driven_context")
         worker = _Worker(
             payload.model_name, payload.world_size, layout, MPTransferMode.ENGINE_DRIVEN
         )
@@ -576,6 +606,18 @@ class MPCacheServer:
         return RegisterEngineDrivenContextResponse(
             shm_name=self.shm_name, pool_size=self._pool_size
         )
+
+    def _check_fits_l1(self, layout: KVLayout, operation: str) -> None:
+        """Refuse a layout whose chunk cannot fit L1 at all (every store would fail)."""
+        nbytes = layout.chunk_nbytes(self.chunk_size)
+        capacity = int(self.storage.get_memory_allocator().capacity_bytes)
+        if nbytes > capacity:
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD,
+                f"{operation}: one chunk of this KV layout is {nbytes} bytes, more than the "
+                f"whole L1 tier ({capacity} bytes): check num_layers, hidden_dim_size and "
+                f"dtype, or give the server a larger --l1-size-gb",
+            )
 
     def set_engine_driven_sub_path(self, instance_id: int, sub_path: str) -> bool:
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
@@ -762,8 +804,17 @@ class MPCacheServer:
         pending: _Pending,
     ) -> None:
         with self._pending_lock:
-            old = table.pop(ident, None)
-            table[ident] = pending
+            full = ident not in table and len(table) >= MAX_PENDING_TRANSFERS
+            old = None if full else table.pop(ident, None)
+            if not full:
+                table[ident] = pending
+        if full:
+            pending.release()
+            raise ProtocolError(
+                ErrorCode.OUT_OF_MEMORY,
+                f"{MAX_PENDING_TRANSFERS} prepared transfers are waiting for their commit; "
+                f"commit them or wait for --pending-transfer-timeout-seconds",
+            )
         if old is not None:
             old.release()
 
@@ -795,15 +846,16 @@ class MPCacheServer:
             spans = prefix_chunks(key, self.chunk_size)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
-        ranks = max(1, int(tp_size))
-        per_rank = [
-            [self._storage_key(key, rank, s.chunk_hash) for s in spans] for rank in range(ranks)
-        ]
+        # Keys are built rank by rank and only for the prefix still hit, so the work is
+        # bounded by what is stored, not by tp_size x chunks (tp_size is bounded on the wire).
         hits = len(spans)
-        for keys in per_rank:
-            hits = min(hits, self.storage.batched_contains(keys[:hits]))
+        per_rank: list[list[Any]] = []
+        for rank in range(max(1, int(tp_size))):
             if hits == 0:
                 break
+            keys = [self._storage_key(key, rank, s.chunk_hash) for s in spans[:hits]]
+            hits = min(hits, self.storage.batched_contains(keys))
+            per_rank.append(keys)
         pinned = [k for keys in per_rank for k in keys[:hits] if self.storage.contains(k, pin=True)]
         hit_tokens = sum(s.num_tokens for s in spans[:hits])
         self._count(lookup_hit_tokens=hit_tokens)

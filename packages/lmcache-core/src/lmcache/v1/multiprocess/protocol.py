@@ -23,19 +23,31 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import torch
+from msgspec import Meta
 
 from lmcache.v1.multiprocess.custom_types import (
+    MAX_LAYERS,
+    MAX_RECORDS,
+    MAX_WORLD_SIZE,
     BlockAllocationRecord,
+    BlockIds,
+    Handle,
+    InstanceId,
+    Int64,
     IPCCacheServerKey,
+    Name,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
     RegisterEngineDrivenContextPayload,
     RegisterEngineDrivenContextResponse,
     ServerStats,
+    Timeout,
+    TokenCount,
+    WorldSize,
 )
 from lmcache.v1.platform.base.ipc_wire import DEVICE_IPC_WRAPPER_EXT_CODE
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
@@ -118,68 +130,130 @@ class ProtocolError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class RpcSpec:
-    """One operation: payload types in order, how many are required, the response type.
+    """One operation: payload names and types in order, how many are required, the response.
 
+    Payload types carry their bounds (msgspec ``Meta`` constraints, see
+    :mod:`~lmcache.v1.multiprocess.custom_types`), so decoding is validation.
     ``admin`` operations act on every worker's data or on server-wide state: the server
     refuses them unless it runs with ``--enable-admin-ops``, and their last payload is the
     optional admin token (see :mod:`lmcache.v1.multiprocess.security`).
     """
 
     operation: str
-    payload_types: tuple[Any, ...]
+    payloads: tuple[tuple[str, Any], ...]
     response_type: Any
     required: int | None = None
     admin: bool = False
 
     @property
+    def payload_types(self) -> tuple[Any, ...]:
+        return tuple(kind for _name, kind in self.payloads)
+
+    @property
+    def payload_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _kind in self.payloads)
+
+    @property
     def min_payloads(self) -> int:
-        return len(self.payload_types) if self.required is None else self.required
+        return len(self.payloads) if self.required is None else self.required
 
 
-_KEY = IPCCacheServerKey
-_BLOCK_IDS = list[list[int]]
-ADMIN_TOKEN_TYPE = str | None
+_KEY = ("key", IPCCacheServerKey)
+_INSTANCE = ("instance_id", InstanceId)
+# ``lookup``'s ``tp_size``: the ranks whose chunks must all be present (0 is read as 1).
+_TP_SIZE = ("tp_size", Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE)])
+_REQUEST_ID = ("request_id", Name)
+KVCacheWrappers = Annotated[list[DeviceIPCWrapper], Meta(min_length=1, max_length=MAX_LAYERS)]
+# The admin token is ours (upstream never sends it); long enough for any sane secret.
+ADMIN_TOKEN_TYPE = Annotated[str, Meta(max_length=4096)] | None
 
 RPC_SPECS: dict[str, RpcSpec] = {
     spec.operation: spec
     for spec in (
         RpcSpec(
             "register_kv_cache",
-            (int, list[DeviceIPCWrapper], str, int, Any, Any, Any),
+            (
+                _INSTANCE,
+                ("kv_cache", KVCacheWrappers),
+                ("model_name", Name),
+                ("world_size", WorldSize),
+                ("engine_type", Any),
+                ("layout_hints", Any),
+                ("engine_group_infos", Any),
+            ),
             None,
             required=4,
         ),
-        RpcSpec("unregister_kv_cache", (int,), None),
-        RpcSpec("store", (_KEY, int, _BLOCK_IDS, bytes), tuple[bytes, bool]),
-        RpcSpec("retrieve", (_KEY, int, _BLOCK_IDS, bytes, int), tuple[bytes, bool], required=4),
-        RpcSpec("lookup", (_KEY, int), None),
-        RpcSpec("query_prefetch_status", (str,), int | None),
-        RpcSpec("wait_prefetch_status", (str, float), int | None),
-        RpcSpec("free_lookup_locks", (_KEY, int), None),
-        RpcSpec("end_session", (str,), None),
+        RpcSpec("unregister_kv_cache", (_INSTANCE,), None),
+        RpcSpec(
+            "store",
+            (_KEY, _INSTANCE, ("block_ids", BlockIds), ("event_handle", Handle)),
+            tuple[bytes, bool],
+        ),
+        RpcSpec(
+            "retrieve",
+            (
+                _KEY,
+                _INSTANCE,
+                ("block_ids", BlockIds),
+                ("event_handle", Handle),
+                ("skip_first_n_tokens", TokenCount),
+            ),
+            tuple[bytes, bool],
+            required=4,
+        ),
+        RpcSpec("lookup", (_KEY, _TP_SIZE), None),
+        RpcSpec("query_prefetch_status", (_REQUEST_ID,), int | None),
+        RpcSpec("wait_prefetch_status", (_REQUEST_ID, ("timeout", Timeout)), int | None),
+        RpcSpec("free_lookup_locks", (_KEY, _TP_SIZE), None),
+        RpcSpec("end_session", (_REQUEST_ID,), None),
         RpcSpec(
             "register_kv_cache_engine_driven_context",
-            (RegisterEngineDrivenContextPayload,),
+            (("payload", RegisterEngineDrivenContextPayload),),
             RegisterEngineDrivenContextResponse,
         ),
-        RpcSpec("unregister_kv_cache_engine_driven_context", (int,), None),
-        RpcSpec("prepare_store", (_KEY, int), PrepareStoreResponse),
-        RpcSpec("commit_store", (_KEY, int, bytes), bool, required=2),
-        RpcSpec("prepare_retrieve", (_KEY, int), PrepareRetrieveResponse),
-        RpcSpec("commit_retrieve", (_KEY, int), bool),
+        RpcSpec("unregister_kv_cache_engine_driven_context", (_INSTANCE,), None),
+        RpcSpec("prepare_store", (_KEY, _INSTANCE), PrepareStoreResponse),
+        # ``data`` is bounded by the request size limit (--max-message-mb).
+        RpcSpec("commit_store", (_KEY, _INSTANCE, ("data", bytes)), bool, required=2),
+        RpcSpec("prepare_retrieve", (_KEY, _INSTANCE), PrepareRetrieveResponse),
+        RpcSpec("commit_retrieve", (_KEY, _INSTANCE), bool),
         # Upstream sends at most ``force``; the trailing admin token is ours (optional).
-        RpcSpec("clear", (bool, ADMIN_TOKEN_TYPE), None, required=0, admin=True),
+        RpcSpec(
+            "clear",
+            (("force", bool), ("admin_token", ADMIN_TOKEN_TYPE)),
+            None,
+            required=0,
+            admin=True,
+        ),
         RpcSpec("get_chunk_size", (), int),
-        RpcSpec("ping", (int | None,), bool, required=0),
-        RpcSpec("report_block_allocation", (int, str, list[BlockAllocationRecord]), None),
+        RpcSpec("ping", (("instance_id", InstanceId | None),), bool, required=0),
+        RpcSpec(
+            "report_block_allocation",
+            (
+                _INSTANCE,
+                ("model_name", Name),
+                (
+                    "records",
+                    Annotated[list[BlockAllocationRecord], Meta(max_length=MAX_RECORDS)],
+                ),
+            ),
+            None,
+        ),
         RpcSpec("noop", (), str),
         RpcSpec("get_experimental", (), list[str]),
         # Additions (string ops on the wire): version handshake and counters.
-        RpcSpec("protocol_handshake", (int,), tuple[int, bool]),
-        RpcSpec("set_engine_driven_sub_path", (int, str), bool),
+        RpcSpec("protocol_handshake", (("client_version", Int64),), tuple[int, bool]),
+        RpcSpec(
+            "set_engine_driven_sub_path",
+            (_INSTANCE, ("sub_path", Annotated[str, Meta(max_length=64)])),
+            bool,
+        ),
         RpcSpec("get_stats", (), ServerStats),
     )
 }
+# uid + operation + the most payloads any operation takes; more frames are refused unread.
+MAX_REQUEST_FRAMES = 2 + max(len(spec.payloads) for spec in RPC_SPECS.values())
 
 
 ADMIN_OPERATIONS = frozenset(name for name, spec in RPC_SPECS.items() if spec.admin)
@@ -207,13 +281,15 @@ def _ext_hook(code: int, data: memoryview) -> Any:
 
 
 def _dec_hook(expected: type, obj: Any) -> Any:
+    # TypeError (not NotImplementedError): msgspec turns it into a ValidationError that
+    # names the path of the bad value, e.g. a plain int where a wrapper belongs.
     if expected is DeviceIPCWrapper and isinstance(obj, DeviceIPCWrapper):
         return obj
     if expected is torch.dtype and isinstance(obj, str):
         dtype = getattr(torch, obj, None)
         if isinstance(dtype, torch.dtype):
             return dtype
-    raise NotImplementedError(f"cannot decode {type(obj).__name__} as {expected!r}")
+    raise TypeError(f"expected {_type_name(expected)}, got {type(obj).__name__}")
 
 
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
@@ -248,7 +324,7 @@ def decode_operation(frame: bytes | memoryview) -> str:
     """The snake_case name of the operation frame; raises ``ProtocolError``."""
     try:
         raw = decode(frame, int | str)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except Exception as exc:  # any byte string must end as a typed error, never a crash
         raise ProtocolError(
             ErrorCode.MALFORMED_FRAME, f"operation frame is not a msgpack int or str ({exc})"
         ) from None
@@ -262,34 +338,49 @@ def decode_operation(frame: bytes | memoryview) -> str:
 
 
 def decode_payloads(spec: RpcSpec, frames: Sequence[bytes | memoryview]) -> list[Any]:
-    """Typed payloads of ``spec``; count or type errors raise ``ProtocolError``."""
-    if not spec.min_payloads <= len(frames) <= len(spec.payload_types):
+    """Typed, bounds-checked payloads of ``spec``; anything else raises ``ProtocolError``.
+
+    No other exception escapes: whatever the frames hold (bad msgpack, wrong types,
+    out-of-range numbers, garbage or unknown extension types, nesting deeper than the
+    decoder's recursion limit) ends as ``bad_payload`` naming the payload.
+    """
+    if not spec.min_payloads <= len(frames) <= len(spec.payloads):
         raise ProtocolError(
             ErrorCode.VERSION_MISMATCH,
-            f"{spec.operation} takes {spec.min_payloads}..{len(spec.payload_types)} payload "
+            f"{spec.operation} takes {spec.min_payloads}..{len(spec.payloads)} payload "
             f"frames, got {len(frames)}: probably a version mismatch between the lmcache "
             f"client and lmcache server",
         )
     payloads = []
-    for index, (frame, expected) in enumerate(zip(frames, spec.payload_types)):
+    for index, (frame, (name, expected)) in enumerate(zip(frames, spec.payloads)):
         try:
             payloads.append(decode(frame, expected))
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        except Exception as exc:
+            payloads.clear()
             raise ProtocolError(
                 ErrorCode.BAD_PAYLOAD,
-                f"{spec.operation}: payload {index} is not a valid {_type_name(expected)}: {exc}",
+                f"{spec.operation}: payload {index} ({name}) is not a valid "
+                f"{_type_name(expected)}: {_first_line(exc)}",
             ) from None
     return payloads
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    line = text.splitlines()[0] if text.strip() else type(exc).__name__
+    return line if len(line) <= 300 else line[:300] + "..."
+
+
 def _type_name(expected: Any) -> str:
+    if getattr(expected, "__metadata__", None) is not None:  # Annotated[T, Meta(...)]
+        expected = expected.__origin__
     return getattr(expected, "__name__", None) or str(expected)
 
 
 def encode_request(uid: int, operation: str, payloads: Sequence[Any]) -> list[bytes]:
     spec = RPC_SPECS.get(operation)
-    if spec is not None and not spec.min_payloads <= len(payloads) <= len(spec.payload_types):
-        raise ValueError(f"{operation} takes {len(spec.payload_types)} payloads")
+    if spec is not None and not spec.min_payloads <= len(payloads) <= len(spec.payloads):
+        raise ValueError(f"{operation} takes {len(spec.payloads)} payloads")
     return [encode(uid), encode_operation(operation), *(encode(p) for p in payloads)]
 
 

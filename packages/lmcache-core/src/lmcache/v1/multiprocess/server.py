@@ -9,6 +9,10 @@
   fills its queue and then loses replies (counted), never stalls the server.
 * ``request_stop`` (SIGINT/SIGTERM): new requests get ``shutting_down`` errors, in-flight
   ones finish and are answered, then storage is flushed and shared memory removed.
+* No request can kill or wedge the loop: framing, decoding and handling failures all end
+  as exactly one typed error reply (``internal`` for anything unexpected, whose traceback
+  is logged once per kind and then rate-limited), and a request over the size or frame
+  bound is refused before its frames are copied out of the transport.
 
 ``python -m lmcache.v1.multiprocess.server`` runs it without the CLI.
 """
@@ -77,6 +81,60 @@ BLOCKING_OPERATIONS = frozenset(
 _POLL_MS = 100
 _REAP_INTERVAL_S = 1.0
 _SEND_HWM = 1000
+# A valid request_uid frame is a msgpack int (at most 9 bytes); a longer one is not echoed.
+_MAX_ECHOED_UID_BYTES = 16
+# Requests queued or running in the handler pools; beyond it the loop stops reading new
+# ones (ZeroMQ holds them, pushing back on senders) so a flood cannot grow memory unbounded.
+MAX_IN_FLIGHT = 1024
+_ERROR_LOG_INTERVAL_S = 60.0
+_ERROR_LOG_MAX_KINDS = 256
+
+
+class RateLimitedErrorLog:
+    """Unexpected failures: each kind (where, exception type) is logged with its traceback
+    once, then at most one line per kind per interval carrying the count left out, so a
+    flood of bad requests cannot fill the log."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        interval_s: float = _ERROR_LOG_INTERVAL_S,
+        max_kinds: int = _ERROR_LOG_MAX_KINDS,
+    ) -> None:
+        self._log = log
+        self._interval_s = interval_s
+        self._max_kinds = max_kinds
+        self._kinds: dict[str, list[float]] = {}  # kind -> [last logged, left out since]
+        self._lock = threading.Lock()
+
+    def exception(self, where: str, exc: BaseException) -> None:
+        kind = f"{where}: {type(exc).__name__}"
+        now = time.monotonic()
+        with self._lock:
+            state = self._kinds.get(kind)
+            if state is None and len(self._kinds) >= self._max_kinds:
+                kind = "other failures"
+                state = self._kinds.get(kind)
+            if state is None:
+                self._kinds[kind] = [now, 0]
+                first, left_out = True, 0
+            elif now - state[0] < self._interval_s:
+                state[1] += 1
+                return
+            else:
+                first, left_out = False, int(state[1])
+                state[0], state[1] = now, 0
+        if first:
+            self._log.error("%s failed (traceback logged once per kind)", where, exc_info=exc)
+        else:
+            self._log.error(
+                "%s failed again: %s: %s (%d more like it in the last %.0fs not logged)",
+                where,
+                type(exc).__name__,
+                exc,
+                left_out,
+                self._interval_s,
+            )
 
 
 class AffinityThreadPool:
@@ -252,7 +310,9 @@ class MPServer:
         self._stop = threading.Event()
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
+        self.max_in_flight = MAX_IN_FLIGHT
         self._closed = False
+        self._errors = RateLimitedErrorLog(logger)
         self.http_url: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -267,14 +327,22 @@ class MPServer:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._replies, zmq.POLLIN)
+        replies_only = zmq.Poller()  # while saturated: wait for handlers to finish
+        replies_only.register(self._replies, zmq.POLLIN)
         next_reap = time.monotonic() + _REAP_INTERVAL_S
         logger.info("LMCache MP server listening on %s", self.endpoint)
         while not self._stop.is_set():
-            ready = dict(poller.poll(_POLL_MS))
-            if self._replies in ready:
-                self._pump_replies()
-            if self._router in ready:
-                self._pump_requests()
+            try:
+                active = replies_only if self._saturated() else poller
+                ready = dict(active.poll(_POLL_MS))
+                if self._replies in ready:
+                    self._pump_replies()
+                if self._router in ready:
+                    self._pump_requests()
+            except zmq.ContextTerminated:
+                raise
+            except Exception as exc:  # the loop outlives anything a request can cause
+                self._errors.exception("serve loop", exc)
             if time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + _REAP_INTERVAL_S
                 self._reap()
@@ -319,65 +387,120 @@ class MPServer:
 
     # -- requests -----------------------------------------------------------------------------
 
+    def _saturated(self) -> bool:
+        return self._in_flight >= self.max_in_flight
+
     def _pump_requests(self) -> None:
         for _ in range(256):
+            # While draining, new requests are answered inline (shutting_down), never queued.
+            if self._saturated() and not self._stop.is_set():
+                return
             try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
+                # copy=False: sizes are checked before any frame is copied out of libzmq.
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._handle(frames)
+            identity = frames[0].bytes
+            try:
+                self._handle(identity, frames)
+            except Exception as exc:
+                self._errors.exception("request framing", exc)
+                self._reply_error(identity, self._uid_frame(frames), ErrorCode.INTERNAL, exc, "")
+            finally:
+                del frames  # release an oversized request's memory now, not at the next one
 
-    def _handle(self, frames: list[bytes]) -> None:
-        identity = frames[0]
-        uid_frame = frames[1] if len(frames) > 1 else protocol.encode(-1)
+    @staticmethod
+    def _uid_frame(frames: list[zmq.Frame]) -> bytes:
+        if len(frames) > 1 and len(frames[1]) <= _MAX_ECHOED_UID_BYTES:
+            return frames[1].bytes
+        return protocol.encode(-1)
+
+    def _check_bounds(self, frames: list[zmq.Frame]) -> None:
+        """Refuse a request by its frame count and total size (identity frame excluded)."""
+        count = len(frames) - 1
+        if count < 2:
+            raise ProtocolError(
+                ErrorCode.MALFORMED_FRAME,
+                f"a request is [request_uid, operation, *payloads]; got {count} frame(s)",
+            )
+        if count > protocol.MAX_REQUEST_FRAMES:
+            raise ProtocolError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"request of {count} frames exceeds the limit of {protocol.MAX_REQUEST_FRAMES} "
+                f"frames (uid, operation and at most "
+                f"{protocol.MAX_REQUEST_FRAMES - 2} payloads)",
+            )
+        size = sum(len(f) for f in frames[1:])
+        if size > self.config.max_message_bytes:
+            raise ProtocolError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"request of {size} bytes in {count} frames exceeds the server limit of "
+                f"{self.config.max_message_bytes} bytes per request (--max-message-mb)",
+            )
+
+    def _handle(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        uid_frame = self._uid_frame(frames)
         operation = ""
         try:
-            if len(frames) < 3:
-                raise ProtocolError(
-                    ErrorCode.MALFORMED_FRAME,
-                    "a request is [request_uid, operation, *payloads]; got "
-                    f"{len(frames) - 1} frame(s)",
-                )
-            size = sum(len(f) for f in frames[1:])
-            if size > self.config.max_message_bytes:
-                raise ProtocolError(
-                    ErrorCode.MESSAGE_TOO_LARGE,
-                    f"request of {size} bytes exceeds the server limit of "
-                    f"{self.config.max_message_bytes} bytes (--max-message-mb)",
-                )
+            self._check_bounds(frames)
             try:
-                protocol.decode(uid_frame, int)
+                protocol.decode(frames[1].buffer, int)
             except Exception:
                 raise ProtocolError(
                     ErrorCode.MALFORMED_FRAME, "request_uid frame is not a msgpack integer"
                 ) from None
-            operation = protocol.decode_operation(frames[2])
+            op_frame = frames[2].bytes
+            operation = protocol.decode_operation(op_frame)
             if self._stop.is_set():
                 raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             spec = protocol.RPC_SPECS[operation]
-            payloads = protocol.decode_payloads(spec, frames[3:])
+            payloads = protocol.decode_payloads(spec, [f.buffer for f in frames[3:]])
         except ProtocolError as exc:
-            self._count_error()
-            if self.engine.metrics is not None:
-                self.engine.metrics.count_rejected(operation or "unknown", exc.code.value)
-            self._send(
-                [identity, *protocol.encode_error(uid_frame, exc.code, exc.message, operation)]
-            )
+            self._reply_error(identity, uid_frame, exc.code, exc, operation)
             return
         handler = getattr(self.engine, operation)
-        head = (identity, uid_frame, frames[2], operation)
+        head = (identity, uid_frame, op_frame, operation)
         if operation in AFFINITY_OPERATIONS:
-            self._begin()
-            self._affinity.submit(identity, self._run_and_push, head, handler, payloads)
+            self._submit(head, handler, payloads, affinity=True)
         elif operation in BLOCKING_OPERATIONS:
-            self._begin()
-            self._pool.submit(self._run_and_push, head, handler, payloads)
+            self._submit(head, handler, payloads, affinity=False)
         else:
             self._send(self._run(head, handler, payloads))
+
+    def _reply_error(
+        self, identity: bytes, uid_frame: bytes, code: ErrorCode, exc: Exception, operation: str
+    ) -> None:
+        message = exc.message if isinstance(exc, ProtocolError) else _describe(exc)
+        self._count_error()
+        metrics = self.engine.metrics
+        if metrics is not None:
+            metrics.count_rejected(operation or "unknown", code.value)
+        self._send([identity, *protocol.encode_error(uid_frame, code, message, operation)])
+
+    def _submit(
+        self,
+        head: tuple[bytes, bytes, bytes, str],
+        handler: Callable[..., Any],
+        payloads: list[Any],
+        affinity: bool,
+    ) -> None:
+        self._begin()
+        try:
+            if affinity:
+                self._affinity.submit(head[0], self._run_and_push, head, handler, payloads)
+            else:
+                self._pool.submit(self._run_and_push, head, handler, payloads)
+        except RuntimeError as exc:  # the pool is shut down: answer here, keep the count right
+            self._end()
+            self._reply_error(head[0], head[1], ErrorCode.SHUTTING_DOWN, exc, head[3])
 
     def _begin(self) -> None:
         with self._in_flight_lock:
             self._in_flight += 1
+
+    def _end(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
 
     def _count_error(self) -> None:
         self.engine._count(errors=1)
@@ -400,11 +523,14 @@ class MPServer:
         except ProtocolError as exc:
             code, message = exc.code, exc.message
         except Exception as exc:
-            logger.exception("%s failed", operation)
-            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            self._errors.exception(operation, exc)
+            code, message = ErrorCode.INTERNAL, _describe(exc)
         self._count_error()
-        if metrics is not None:
-            metrics.observe_request(operation, code.value, time.perf_counter() - start)
+        try:
+            if metrics is not None:
+                metrics.observe_request(operation, code.value, time.perf_counter() - start)
+        except Exception as exc:
+            self._errors.exception("metrics", exc)
         return [identity, *protocol.encode_error(uid_frame, code, message, operation)]
 
     def _run_and_push(
@@ -416,9 +542,10 @@ class MPServer:
         try:
             reply = self._run(head, handler, payloads)
             self._push_socket().send_multipart(reply)
+        except Exception as exc:  # a handler thread must survive to serve the next request
+            self._errors.exception("reply", exc)
         finally:
-            with self._in_flight_lock:
-                self._in_flight -= 1
+            self._end()
 
     def _push_socket(self) -> zmq.Socket[Any]:
         sock = getattr(self._local, "push", None)
@@ -450,6 +577,15 @@ class MPServer:
         except zmq.ZMQError as exc:
             self.engine._count(dropped_replies=1)
             logger.debug("reply to a departed client dropped: %s", exc)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an ``internal`` error reply: the exception type and its first line."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None = None) -> int:
