@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -95,12 +96,18 @@ class AffinityThreadPool:
 
 
 def build_cache_server(config: MPServerConfig) -> MPCacheServer:
-    """Storage (L1 with optional SHM, optional disk L2) and the server state around it."""
-    from lmcache.v1.platform import resolve_device_ops
+    """Storage (L1 with optional SHM, optional disk L2) and the server state around it.
+
+    Every input is checked and the device backend resolved *before* anything is allocated;
+    if construction fails after that, every segment made here is removed again (a crash
+    loop must not fill /dev/shm).
+    """
     from lmcache.v1.platform.cache_context import create_cache_context
     from lmcache.v1.platform.cpu.event_ipc import HostEventIPCBackend
     from lmcache.v1.platform.cpu.shm import unlink_segment
 
+    config.validate()
+    device_ops = resolve_server_device_ops()
     adapters = [parse_l2_adapter(raw) for raw in config.l2_adapters]
     disk_path, disk_size_gb = _disk_tier(config, adapters)
     engine_config = LMCacheEngineConfig(
@@ -112,26 +119,65 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         save_unfull_chunk=True,
         blocking_timeout_secs=config.blocking_timeout_secs,
     )
-    backends = create_storage_backends(engine_config, shm_name=config.resolved_shm_name())
-    _add_remote_adapters(adapters, backends)
-    storage = StorageManager(engine_config, backends=backends)
-    _prefault(storage)
-    settings = CacheServerSettings(
-        chunk_size=config.chunk_size,
-        supported_transfer_mode=config.supported_transfer_mode,
-        worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
-        pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
-        session_ttl_seconds=config.session_ttl_seconds,
-    )
-    return MPCacheServer(
-        settings,
-        storage,
-        resolve_device_ops("cpu"),
-        create_cache_context,
-        event_backend=HostEventIPCBackend(),
-        unlink_segment=unlink_segment,
-        enable_metrics=not config.disable_metrics,
-    )
+    shm_name = config.resolved_shm_name()
+    shm_preexisting = shm_name is not None and _segment_exists(shm_name)
+    backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
+    storage: StorageManager | None = None
+    try:
+        backends = create_storage_backends(engine_config, shm_name=shm_name)
+        _add_remote_adapters(adapters, backends)
+        storage = StorageManager(engine_config, backends=backends)
+        _prefault(storage)
+        settings = CacheServerSettings(
+            chunk_size=config.chunk_size,
+            supported_transfer_mode=config.supported_transfer_mode,
+            worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
+            pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
+            session_ttl_seconds=config.session_ttl_seconds,
+        )
+        return MPCacheServer(
+            settings,
+            storage,
+            device_ops,
+            create_cache_context,
+            event_backend=HostEventIPCBackend(),
+            unlink_segment=unlink_segment,
+            enable_metrics=not config.disable_metrics,
+        )
+    except BaseException:
+        _release_partial_storage(storage, backends)
+        if shm_name is not None and not shm_preexisting:
+            unlink_segment(shm_name)
+        raise
+
+
+def resolve_server_device_ops() -> Any:
+    """The selected device backend (``LMCACHE_DEVICE_BACKEND``, else by priority) must
+    resolve, and the server's host-side ops come from the cpu backend."""
+    from lmcache.v1.platform import get_selection, resolve_device_ops
+
+    get_selection()
+    return resolve_device_ops("cpu")
+
+
+def _segment_exists(shm_name: str) -> bool:
+    from lmcache.v1.platform.cpu.shm import SHM_DIR
+
+    return os.path.exists(os.path.join(SHM_DIR, shm_name.lstrip("/")))
+
+
+def _release_partial_storage(
+    storage: StorageManager | None, backends: OrderedDict[str, StorageBackendInterface]
+) -> None:
+    """Close what a failed construction made (L1's close unlinks its segment)."""
+    try:
+        if storage is not None:
+            storage.close()
+            return
+        for backend in reversed(list(backends.values())):
+            backend.close()
+    except Exception:
+        logger.exception("cleanup after a failed start-up")
 
 
 _DISK_ADAPTER_TYPES = ("disk", "fs")
@@ -425,22 +471,30 @@ class MPServer:
 
 
 def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None = None) -> int:
-    """Build, serve until SIGINT/SIGTERM, shut down cleanly; returns an exit status."""
+    """Build, serve until SIGINT/SIGTERM, shut down cleanly; returns an exit status.
+
+    Start-up failures raise (``ValueError``/``RuntimeError``/``OSError`` with a one-line
+    message) after releasing everything already made, shared memory included.
+    """
     engine = build_cache_server(config)
     try:
         server = MPServer(config, engine)
-    except zmq.ZMQError as exc:
+    except BaseException as exc:
         engine.close()
-        logger.error("cannot listen on tcp://%s:%d: %s", config.host, config.port, exc)
-        return 1
+        if isinstance(exc, zmq.ZMQError):
+            raise RuntimeError(
+                f"cannot listen on tcp://{config.host}:{config.port}: {exc}"
+            ) from None
+        raise
 
     def on_signal(signum: int, _frame: Any) -> None:
         logger.info("received %s; stopping", signal.Signals(signum).name)
         server.request_stop()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    frontends = start_frontends(config, server)
+    frontends: list[Any] = []
     try:
+        frontends = start_frontends(config, server)
         if ready is not None:
             ready(server)
         server.serve_forever()
@@ -502,14 +556,18 @@ def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from lmcache.logging import init_logger
-    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args
+    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args, log_level
 
     parser = argparse.ArgumentParser(prog="python -m lmcache.v1.multiprocess.server")
     add_mp_server_args(parser)
-    parser.add_argument("--log-level", default=None)
+    parser.add_argument("--log-level", type=log_level, default=None)
     args = parser.parse_args(argv)
     init_logger(args.log_level)
-    return run_server(config_from_args(args))
+    try:
+        return run_server(config_from_args(args))
+    except (ValueError, RuntimeError, OSError) as exc:
+        logger.debug("start-up failed", exc_info=True)
+        parser.exit(1, f"{parser.prog}: error: {' '.join(str(exc).split())}\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
