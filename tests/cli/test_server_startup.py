@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lmcache.cli.main import build_parser
 from lmcache.cli.commands.server import resolve_config
+from lmcache.cli.main import build_parser
 
 SHM_DIR = Path("/dev/shm")
 SMALL = ["--l1-size-gb", "0.01", "--http-port", "0", "--prometheus-port", "0"]
