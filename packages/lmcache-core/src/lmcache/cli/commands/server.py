@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         stats = server.engine.get_stats()
         shm = stats.shm_name or "off (inline sub-path only)"
         print(
-            f"LMCache server listening on {server.endpoint} | chunk size {config.chunk_size} | "
+            f"LMCache server {server.config.instance_id} listening on {server.endpoint} | "
+            f"chunk size {config.chunk_size} | "
             f"L1 {stats.l1_capacity_bytes / 1024**3:.2f} GiB {config.eviction_policy} | "
             f"SHM {shm} | transfer mode {config.supported_transfer_mode.value} | "
             f"HTTP {server.http_url or 'off'} | "

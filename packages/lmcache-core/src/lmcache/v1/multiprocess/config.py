@@ -360,7 +360,12 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("MP server")
     group.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1).")
     group.add_argument("--port", type=tcp_port, default=5555, help="ZMQ port (default 5555).")
-    group.add_argument("--instance-id", default=None, help="Server id (default: random).")
+    group.add_argument(
+        "--instance-id",
+        default=None,
+        help="Server id, shown in the start-up line, the log and /status (default: a random "
+        "uuid4 at start-up, as upstream).",
+    )
     group.add_argument(
         "--chunk-size",
         type=positive_int,

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -116,7 +117,6 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         cache_policy=config.eviction_policy,
         local_disk=disk_path,
         max_local_disk_size=disk_size_gb,
-        save_unfull_chunk=True,
         blocking_timeout_secs=config.blocking_timeout_secs,
     )
     shm_name = config.resolved_shm_name()
@@ -134,6 +134,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
             pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
             session_ttl_seconds=config.session_ttl_seconds,
+            instance_id=config.instance_id,
         )
         return MPCacheServer(
             settings,
@@ -476,6 +477,8 @@ def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None 
     Start-up failures raise (``ValueError``/``RuntimeError``/``OSError`` with a one-line
     message) after releasing everything already made, shared memory included.
     """
+    # One id for the whole run (upstream: --instance-id, else a random uuid4 at start-up).
+    config = dataclasses.replace(config, instance_id=config.resolved_instance_id())
     engine = build_cache_server(config)
     try:
         server = MPServer(config, engine)
@@ -492,6 +495,7 @@ def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None 
         server.request_stop()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    logger.info("LMCache MP server instance id %s", config.instance_id)
     frontends: list[Any] = []
     try:
         frontends = start_frontends(config, server)
