@@ -124,7 +124,11 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
     storage: StorageManager | None = None
     try:
-        backends = create_storage_backends(engine_config, shm_name=shm_name)
+        try:
+            backends = create_storage_backends(engine_config, shm_name=shm_name)
+        except OSError as exc:
+            tiers = f"L1 and the disk tier at {disk_path!r}" if disk_path else "L1"
+            raise OSError(f"cannot create {tiers}: {exc}") from exc
         _add_remote_adapters(adapters, backends)
         storage = StorageManager(engine_config, backends=backends)
         _prefault(storage)
