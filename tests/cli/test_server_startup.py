@@ -90,6 +90,16 @@ def test_bad_flag_is_one_line_error_without_leak(case: str) -> None:
     assert leaked == []
 
 
+@pytest.mark.parametrize("shm", [[], ["--shm-name", ""]])
+def test_l1_larger_than_shm_or_memory_fails_before_allocating(shm: list[str]) -> None:
+    """Touching more pages than /dev/shm (or memory) holds ends in SIGBUS or the OOM
+    killer; the size is refused before the segment exists."""
+    flags = ["--http-port", "0", "--prometheus-port", "0", "--l1-size-gb", "100000", *shm]
+    result, leaked = _run_server(flags)
+    _assert_one_line_error(result, "--l1-size-gb 100000 does not fit")
+    assert leaked == []
+
+
 def test_disk_path_that_is_a_file(tmp_path: Path) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("x")

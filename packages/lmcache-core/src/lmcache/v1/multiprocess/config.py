@@ -114,7 +114,7 @@ class MPServerConfig:
         return self.max_gpu_workers or base, self.max_cpu_workers or base
 
 
-def _meminfo_available_bytes() -> int | None:
+def meminfo_available_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -128,7 +128,7 @@ def _meminfo_available_bytes() -> int | None:
 def default_l1_size_gb() -> float:
     """min(1 GiB, a quarter of available memory, a quarter of free /dev/shm)."""
     candidates = [_DEFAULT_L1_CAP_GB]
-    available = _meminfo_available_bytes()
+    available = meminfo_available_bytes()
     if available:
         candidates.append(available * _DEFAULT_L1_FREE_FRACTION / 1024**3)
     try:

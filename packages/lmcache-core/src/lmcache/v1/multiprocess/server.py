@@ -120,6 +120,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         blocking_timeout_secs=config.blocking_timeout_secs,
     )
     shm_name = config.resolved_shm_name()
+    check_l1_fits(engine_config.max_local_cpu_size, in_shm=shm_name is not None)
     shm_preexisting = shm_name is not None and _segment_exists(shm_name)
     backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
     storage: StorageManager | None = None
@@ -154,6 +155,27 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         if shm_name is not None and not shm_preexisting:
             unlink_segment(shm_name)
         raise
+
+
+def check_l1_fits(size_gb: float, in_shm: bool) -> None:
+    """L1 is touched page by page at start-up: more than /dev/shm (or memory) holds would
+    end in SIGBUS or the OOM killer, with the segment left behind."""
+    from lmcache.v1.multiprocess.config import meminfo_available_bytes
+
+    size = int(size_gb * 1024**3)
+    if in_shm:
+        from lmcache.v1.platform.cpu.shm import SHM_DIR
+
+        st = os.statvfs(SHM_DIR)
+        free = st.f_bavail * st.f_frsize
+        where = f"free space in {SHM_DIR}"
+    else:
+        free = meminfo_available_bytes() or size
+        where = "available memory"
+    if size > free:
+        raise ValueError(
+            f"--l1-size-gb {size_gb:g} does not fit: {where} is {free / 1024**3:.2f} GiB"
+        )
 
 
 def resolve_server_device_ops() -> Any:
