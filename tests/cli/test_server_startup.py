@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,12 @@ from lmcache.cli.main import build_parser
 
 SHM_DIR = Path("/dev/shm")
 SMALL = ["--l1-size-gb", "0.01", "--http-port", "0", "--prometheus-port", "0"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _segments_of(pid: int) -> list[str]:
@@ -244,3 +253,29 @@ def test_no_config_file_keeps_defaults() -> None:
     resolved = resolve_config(_parse())
     assert resolved.port == 5555
     assert resolved.supported_transfer_mode.value == "auto"
+
+
+def test_sigterm_while_l1_is_being_made_leaves_no_segment() -> None:
+    """The kill must land during construction (proved: the server never announced itself)
+    while its segment exists; retried with a larger L1 if the server was too quick."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")}
+    for l1_gb in ("1", "2", "3"):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmcache.cli.main", "server", "--port", str(free_port()),
+             "--http-port", "0", "--prometheus-port", "0", "--l1-size-gb", l1_gb],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not _segments_of(proc.pid) and proc.poll() is None:
+            assert time.monotonic() < deadline, "L1 segment never appeared"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        out, _err = proc.communicate(timeout=60)
+        leaked = _segments_of(proc.pid)
+        for name in leaked:
+            (SHM_DIR / name).unlink(missing_ok=True)
+        assert leaked == []
+        if "listening on" not in out:
+            assert proc.returncode == 130
+            return
+    pytest.fail("the server finished starting before every SIGTERM; nothing was proved")

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,7 +25,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -505,16 +506,17 @@ def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None 
     """
     # One id for the whole run (upstream: --instance-id, else a random uuid4 at start-up).
     config = dataclasses.replace(config, instance_id=config.resolved_instance_id())
-    engine = build_cache_server(config)
-    try:
-        server = MPServer(config, engine)
-    except BaseException as exc:
-        engine.close()
-        if isinstance(exc, zmq.ZMQError):
-            raise RuntimeError(
-                f"cannot listen on tcp://{config.host}:{config.port}: {exc}"
-            ) from None
-        raise
+    with _sigterm_interrupts():  # a SIGTERM while L1 is being made must still clean up
+        engine = build_cache_server(config)
+        try:
+            server = MPServer(config, engine)
+        except BaseException as exc:
+            engine.close()
+            if isinstance(exc, zmq.ZMQError):
+                raise RuntimeError(
+                    f"cannot listen on tcp://{config.host}:{config.port}: {exc}"
+                ) from None
+            raise
 
     def on_signal(signum: int, _frame: Any) -> None:
         logger.info("received %s; stopping", signal.Signals(signum).name)
@@ -535,6 +537,24 @@ def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None 
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt (like SIGINT) inside the block, so construction's
+    cleanup runs instead of the process dying with its segments (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
