@@ -108,6 +108,7 @@ def config_reference() -> str:
 
     defaults = cfg.LMCacheEngineConfig()
     fields = {f.name: f for f in dataclasses.fields(cfg.LMCacheEngineConfig)}
+    implemented = sum(1 for k in cfg.config_keys() if cfg.is_implemented(k))
     lines = [
         "# Configuration reference",
         "",
@@ -115,20 +116,30 @@ def config_reference() -> str:
         "definitions (`python docs/gen_reference.py`). Set them in a YAML file "
         f"(`{cfg.CONFIG_FILE_ENV}` or an explicit path) or as `{cfg.ENV_PREFIX}<KEY>` "
         "environment variables (the environment wins). Sizes are GB (1024³ bytes) and also "
-        'accept units ("10GB", "512MiB"). Unknown keys are an error; keys upstream LMCache '
-        "0.5.6 knows but this core does not use are accepted and logged "
-        f"({len(cfg.UPSTREAM_UNUSED_KEYS)} keys, listed at the end).",
+        'accept units ("10GB", "512MiB"). Unknown keys are an error.',
         "",
-        "| key | type | default | environment variable |",
-        "|---|---|---|---|",
+        f"Only {implemented} of the {len(cfg.config_keys())} typed keys have an effect in "
+        "lmcache-core (the **effect** column says what reads them). The others, and the "
+        f"{len(cfg.UPSTREAM_UNUSED_KEYS)} upstream-only keys listed at the end, are accepted "
+        "so upstream config files load, but setting one logs a warning naming the key and "
+        f"saying it has no effect here; with `{cfg.STRICT_ENV}=1` (or `strict=True`) it is "
+        "an error instead.",
+        "",
+        "| key | type | default | environment variable | effect |",
+        "|---|---|---|---|---|",
     ]
     for key in cfg.config_keys():
         field = fields.get(key)
         kind = _type_name(field.type) if field is not None else ""
         default = getattr(defaults, key, None)
+        if cfg.is_implemented(key):
+            effect = cfg.IMPLEMENTED_KEYS[key]
+        else:
+            hint = cfg.NO_EFFECT_HINTS.get(key)
+            effect = "**no effect here** (warns)" + (f": {hint}" if hint else "")
         lines.append(
             f"| `{key}` | `{_md(kind)}` | `{_md(repr(default))}` | "
-            f"`{cfg.ENV_PREFIX}{key.upper()}` |"
+            f"`{cfg.ENV_PREFIX}{key.upper()}` | {_md(effect)} |"
         )
     lines += ["", "## Accepted upstream keys without effect here", ""]
     lines.append(", ".join(f"`{k}`" for k in sorted(cfg.UPSTREAM_UNUSED_KEYS)))

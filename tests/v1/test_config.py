@@ -181,3 +181,105 @@ def test_metadata_chunk_shape() -> None:
     assert meta.chunk_bytes() == 2 * 4 * 256 * 1024 * 2
     mla = meta.replace(use_mla=True, kv_shape=(4, 1, 256, 1, 576))
     assert mla.chunk_shape(16) == torch.Size([1, 4, 16, 576])
+
+
+# -- config that never lies -----------------------------------------------------------------
+
+import re  # noqa: E402
+
+from lmcache.v1 import config as config_module  # noqa: E402
+
+# Accessors of LMCacheEngineConfig and the key each one reads.
+_ACCESSORS = {
+    "local_disk_paths": "local_disk",
+    "local_disk_size_bytes": "max_local_disk_size",
+    "local_cpu_size_bytes": "max_local_cpu_size",
+    "get_extra_config_value": "extra_config",
+}
+
+
+def _source_reads() -> dict[str, int]:
+    """How often each typed key is read as ``config.<key>`` (or through an accessor, or
+    ``getattr(config, "<key>")``) outside lmcache/v1/config.py."""
+    own = Path(config_module.__file__).resolve()
+    root = own.parents[1]
+    text = "\n".join(p.read_text() for p in root.rglob("*.py") if p.resolve() != own)
+    reads = {}
+    for key in config_module.config_keys():
+        names = [key, *(a for a, k in _ACCESSORS.items() if k == key)]
+        pattern = "|".join(rf"config\.{n}\b|getattr\(config, \"{n}\"" for n in names)
+        reads[key] = len(re.findall(pattern, text))
+    return reads
+
+
+def test_implemented_table_matches_what_the_source_reads() -> None:
+    reads = _source_reads()
+    unread_but_claimed = [k for k in config_module.IMPLEMENTED_KEYS if reads[k] == 0]
+    assert unread_but_claimed == []
+    assert set(config_module.IMPLEMENTED_KEYS) <= set(config_module.config_keys())
+
+
+def test_keys_marked_without_effect_are_not_read() -> None:
+    """Keys with a hint share their name with another component's setting; the rest must
+    really be unread, or the table (and the warning) would lie the other way."""
+    reads = _source_reads()
+    unmarked = [
+        k
+        for k in config_module.config_keys()
+        if not config_module.is_implemented(k) and k not in config_module.NO_EFFECT_HINTS
+    ]
+    assert {"use_layerwise", "lookup_timeout_ms", "local_cpu_use_hugepages"} <= set(unmarked)
+    assert [k for k in unmarked if reads[k]] == []
+
+
+def test_key_without_effect_warns_once_naming_it(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="lmcache"):
+        config = LMCacheEngineConfig.from_dict(
+            {"use_layerwise": True, "cache_policy": "fifo"}, source="t.yaml", strict=False
+        )
+        config.apply({"use_layerwise": False}, source="again", strict=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["config key 'use_layerwise' (from t.yaml) has no effect in lmcache-core"]
+    assert config.ignored_keys == {"use_layerwise": False}
+    assert config.cache_policy == "FIFO"  # implemented: set, no warning
+
+
+def test_env_key_without_effect_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(config_module.STRICT_ENV, raising=False)
+    monkeypatch.setenv("LMCACHE_LOOKUP_TIMEOUT_MS", "50")
+    with caplog.at_level(logging.WARNING, logger="lmcache"):
+        config = LMCacheEngineConfig.from_env()
+    assert "'lookup_timeout_ms' (from LMCACHE_LOOKUP_TIMEOUT_MS) has no effect" in caplog.text
+    assert config.ignored_keys == {"lookup_timeout_ms": 50}
+
+
+def test_hint_names_where_to_set_it_instead(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="lmcache"):
+        LMCacheEngineConfig.from_dict({"chunk_size": 512}, strict=False)
+    assert "lmcache server --chunk-size" in caplog.text
+
+
+@pytest.mark.parametrize("values", [{"use_gds": False}, {"enable_blending": True}])
+def test_strict_mode_makes_it_an_error(values: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=f"{next(iter(values))}.*has no effect.*strict"):
+        LMCacheEngineConfig.from_dict(values, strict=True)
+
+
+def test_strict_mode_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("max_local_cpu_size: 1\nenable_lazy_memory_allocator: true\n")
+    monkeypatch.setenv(config_module.STRICT_ENV, "1")
+    with pytest.raises(ConfigError, match="enable_lazy_memory_allocator"):
+        LMCacheEngineConfig.load(path)
+    monkeypatch.setenv(config_module.STRICT_ENV, "0")
+    assert LMCacheEngineConfig.load(path).max_local_cpu_size == 1.0
+
+
+def test_strict_mode_accepts_implemented_keys() -> None:
+    config = LMCacheEngineConfig.from_dict(
+        {k: getattr(LMCacheEngineConfig(), k) for k in config_module.IMPLEMENTED_KEYS},
+        strict=True,
+    )
+    assert config.ignored_keys == {}

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from mp_server_helpers import ServerProcess
 
@@ -28,6 +29,15 @@ def test_demo_against_a_running_server(auto_server: ServerProcess) -> None:
     assert "retrieved KV is bit-exact" in result.stdout
     assert "sub-path shm" in result.stdout
     assert "all checks passed" in result.stdout
+
+
+def test_demo_reports_a_refused_path_as_skipped(server_factory: Any) -> None:
+    server = server_factory("--supported-transfer-mode", "lmcache_driven")
+    result = _lmcache("demo", "--url", server.url, "--tokens", "64", "--layers", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "engine_driven: SKIPPED" in result.stdout
+    assert "all checks passed" not in result.stdout
+    assert "checks passed on 1 of 2 paths; SKIPPED: engine_driven" in result.stdout
 
 
 def test_bench_server_quick_json(tmp_path: Path) -> None:

@@ -250,3 +250,13 @@ def test_disabled_metrics_and_clear_and_clean_shutdown(
     assert hs.server.stop() == 0
     with pytest.raises(httpx.TransportError):  # the frontend went with the server
         httpx.get(f"{hs.base}/healthcheck", timeout=2)
+
+
+def test_instance_id_is_reported(server_factory: Callable[..., ServerProcess]) -> None:
+    named = _start(server_factory, "--instance-id", "cache-a", prom=False)
+    assert named.http.get("/status").json()["instance_id"] == "cache-a"
+    assert "LMCache server cache-a listening on" in named.server.log()
+    unnamed = _start(server_factory, prom=False)
+    generated = unnamed.http.get("/status").json()["instance_id"]
+    assert len(generated) == 32 and int(generated, 16) >= 0  # a uuid4 hex, fixed per run
+    assert f"LMCache server {generated} listening on" in unnamed.server.log()

@@ -170,7 +170,7 @@ def test_migrated_kv_cache_works(auto_server: ServerProcess) -> None:
 
 @pytest.fixture(scope="module")
 def lmcache_only_server(server_factory: Any) -> ServerProcess:
-    return server_factory()  # the default: --supported-transfer-mode lmcache_driven
+    return server_factory("--supported-transfer-mode", "lmcache_driven")
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def engine_only_server(server_factory: Any) -> ServerProcess:
     return server_factory("--supported-transfer-mode", "engine_driven", "--shm-name", "")
 
 
-def test_server_refuses_engine_driven_by_default(lmcache_only_server: ServerProcess) -> None:
+def test_lmcache_only_server_refuses_engine_driven(lmcache_only_server: ServerProcess) -> None:
     with pytest.raises(ServerError) as info:
         KVCacheWorker(
             make_kv(), model_name="m", server_url=lmcache_only_server.url, mode="engine_driven"
@@ -233,3 +233,31 @@ def test_sub_path_choice_is_logged(
             pass
     assert "engine-driven sub-path: SHM" in caplog.text
     assert "engine-driven sub-path: inline" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def default_server(server_factory: Any) -> ServerProcess:
+    return server_factory()  # no --supported-transfer-mode: the default must be auto
+
+
+def test_plain_server_serves_the_default_worker_both_ways(default_server: ServerProcess) -> None:
+    """A plain `lmcache server` accepts the CPU worker's default (engine_driven, which is
+    also what vLLM's `auto` picks on CPU) and an lmcache_driven worker; bytes round-trip."""
+    with default_server.client() as client:
+        assert client.get_stats().supported_transfer_mode == "auto"
+    tokens = list(range(CHUNK_SIZE))
+    for mode, shm in ((None, False), ("lmcache_driven", True)):
+        kv, out = make_kv(shm=shm, seed=1), make_kv(shm=shm, seed=None)
+        try:
+            with KVCacheWorker(kv, model_name=f"d-{mode}", server_url=default_server.url,
+                               mode=mode) as writer:  # fmt: skip
+                if mode is None:
+                    assert writer.mode.value == "engine_driven"
+                assert writer.store(tokens, [0, 1, 2, 3])
+            with KVCacheWorker(out, model_name=f"d-{mode}", server_url=default_server.url,
+                               mode=mode) as reader:  # fmt: skip
+                assert reader.lookup(tokens) == CHUNK_SIZE
+                assert reader.retrieve(tokens, [4, 5, 6, 7])
+            assert all(torch.equal(a[:, 0:4], b[:, 4:8]) for a, b in zip(kv, out))
+        finally:
+            unlink_kv(kv + out)

@@ -16,17 +16,37 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 PLOT_HINT = "--plot needs matplotlib: pip install 'lmcache-core[plot]'"
 
 
+def output_file(text: str) -> str:
+    """A file we will be able to write at the end of a run: checked before the run starts."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {str(folder)!r} of {text!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable")
+    return text
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", metavar="PATH", help="also write results as JSON")
     parser.add_argument(
-        "--plot", metavar="PNG", help="also chart GB/s and ratios (needs matplotlib)"
+        "--json", metavar="PATH", type=output_file, help="also write results as JSON"
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="PNG",
+        type=output_file,
+        help="also chart GB/s and ratios (needs matplotlib)",
     )
 
 

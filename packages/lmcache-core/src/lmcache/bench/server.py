@@ -29,7 +29,13 @@ from typing import Any
 
 import torch
 
-from lmcache.bench._output import add_output_arguments, plot_bars, progress, write_json
+from lmcache.bench._output import (
+    add_output_arguments,
+    plot_bars,
+    progress,
+    require_matplotlib,
+    write_json,
+)
 from lmcache.v1.multiprocess.client import MPClient, ServerUnavailableError
 from lmcache.v1.multiprocess.worker import KVCacheWorker
 
@@ -251,6 +257,8 @@ def _sizes(args: argparse.Namespace, workers: int, rounds: int = 1) -> tuple[int
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_matplotlib()  # fail before measuring, not after
     _apply_quick(args)
     logging.getLogger("lmcache").setLevel(logging.WARNING)  # keep the progress bar readable
     wanted = {"engine-shm": 0, "engine-inline": 1, "lmcache-driven": 2}

@@ -7,10 +7,16 @@ environment wins.  Sizes are in GB (1024**3 bytes) as upstream, and also accept 
 
 Unknown keys are an error that names the key (with a close match when there is one),
 because a misspelt ``max_local_cpu_sise`` silently falling back to a default is worse than
-failing at start-up.  Keys that upstream LMCache 0.5.6 knows but this core does not use
-(blending, P2P, PD, controller ...) are accepted, kept in :attr:`LMCacheEngineConfig.
-unused_upstream_keys` and logged once at warning level, so existing upstream config files
-still load.
+failing at start-up.
+
+The config never lies about what it does: :data:`IMPLEMENTED_KEYS` is the declarative table
+of the keys something in this core reads (and what reads them).  Every other accepted key
+(typed upstream keys such as ``use_layerwise`` or the GDS/hugepage/lazy-allocator keys, and
+the upstream-only keys for blending, P2P, PD, controller ...) loads so upstream config
+files still work, but setting it logs one WARNING naming the key and saying it has no
+effect here; with strict mode (``strict=True`` or ``LMCACHE_STRICT_CONFIG=1``) it is a
+:class:`ConfigError` instead.  Such keys are kept in :attr:`LMCacheEngineConfig.
+ignored_keys` (upstream-only ones also in ``unused_upstream_keys``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "LMCACHE_"
 CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
+STRICT_ENV = "LMCACHE_STRICT_CONFIG"
 CACHE_POLICIES = ("LRU", "FIFO", "LFU", "MRU")
 REMOTE_SERDES = ("naive", "cachegen", "kivi")
 
@@ -247,6 +254,31 @@ _KEYS: dict[str, _Key] = {
     "max_hidden_state_cpu_size": _Key(_parse_size_gb, _non_negative),
 }
 
+# The keys something in this core reads, and what reads them.  Every other key of _KEYS is
+# accepted (upstream files load) but has no effect here: setting one warns, or fails in
+# strict mode.  tests/v1/test_config.py checks each entry is really read.
+IMPLEMENTED_KEYS: dict[str, str] = {
+    "local_cpu": "L1 keeps stored objects (false: L1 only allocates for the lower tiers)",
+    "max_local_cpu_size": "size of the L1 host-memory pool",
+    "local_disk": "folder(s) of the disk tier",
+    "local_disk_path_sharding": "one sub-folder per worker (by_gpu) or none",
+    "max_local_disk_size": "size of the disk tier (0: off)",
+    "remote_url": "redis:// or rediss:// URL of the Redis tier",
+    "blocking_timeout_secs": "how long an L1 allocation waits for eviction to free space",
+    "cache_policy": "L1 eviction policy",
+    "storage_plugins": "storage plugin tiers to load",
+    "extra_config": "options of tiers and plugins (local_cpu.*, local_disk.*, storage_plugin.*)",
+}
+
+# Where a key that has no effect through this config is set instead.
+NO_EFFECT_HINTS: dict[str, str] = {
+    "chunk_size": "the cache server's chunk size is `lmcache server --chunk-size`",
+    "mp_host": "vLLM reads the server address from lmcache.mp.host",
+    "mp_port": "vLLM reads the server port from lmcache.mp.port",
+    "save_decode_cache": "vLLM reads lmcache.mp.save_decode_cache",
+    "save_unfull_chunk": "the cache server always stores a request's last partial chunk",
+}
+
 # Upstream 0.5.6 keys outside storage: accepted so upstream files load, never interpreted.
 UPSTREAM_UNUSED_KEYS = frozenset(
     [
@@ -364,6 +396,7 @@ class LMCacheEngineConfig:
     enable_hidden_state_cache: bool = False
     max_hidden_state_cpu_size: float = 2.0
     unused_upstream_keys: dict[str, Any] = field(default_factory=dict, repr=False)
+    ignored_keys: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # -- construction -----------------------------------------------------------------------
 
@@ -373,55 +406,80 @@ class LMCacheEngineConfig:
         return cls.from_dict(overrides, source="keyword argument")
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], source: str = "") -> LMCacheEngineConfig:
+    def from_dict(
+        cls, values: Mapping[str, Any], source: str = "", strict: bool | None = None
+    ) -> LMCacheEngineConfig:
         config = cls()
-        config.apply(values, source=source)
+        config.apply(values, source=source, strict=strict)
         return config
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> LMCacheEngineConfig:
+    def from_file(
+        cls, path: str | os.PathLike[str], strict: bool | None = None
+    ) -> LMCacheEngineConfig:
         """Defaults plus the YAML file (no environment)."""
         config = cls()
-        config.apply(_read_yaml(path), source=str(path))
+        config.apply(_read_yaml(path), source=str(path), strict=strict)
         return config
 
     @classmethod
-    def from_env(cls) -> LMCacheEngineConfig:
+    def from_env(cls, strict: bool | None = None) -> LMCacheEngineConfig:
         """Defaults plus ``LMCACHE_<KEY>`` environment variables."""
         config = cls()
-        config.update_from_env()
+        config.update_from_env(strict=strict)
         return config
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None) -> LMCacheEngineConfig:
+    def load(
+        cls, path: str | os.PathLike[str] | None = None, strict: bool | None = None
+    ) -> LMCacheEngineConfig:
         """File (``path`` or ``$LMCACHE_CONFIG_FILE``, if any), then the environment."""
         file_path = path if path is not None else os.environ.get(CONFIG_FILE_ENV) or None
-        config = cls.from_file(file_path) if file_path else cls()
-        config.update_from_env()
+        config = cls.from_file(file_path, strict=strict) if file_path else cls()
+        config.update_from_env(strict=strict)
         return config
 
-    def apply(self, values: Mapping[str, Any], source: str = "") -> None:
-        """Validate and set ``values`` (upstream-only keys are kept aside with a warning)."""
+    def apply(
+        self, values: Mapping[str, Any], source: str = "", strict: bool | None = None
+    ) -> None:
+        """Validate and set ``values``; a key without effect here warns (strict: fails)."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"configuration{_describe(source)} must be a mapping")
+        strict = strict_mode(strict)
         for key, raw in values.items():
             if key in _KEYS:
-                setattr(self, key, _convert(key, raw, source, from_env=False))
+                value = _convert(key, raw, source, from_env=False)
+                self._note_no_effect(key, value, source, strict)
+                setattr(self, key, value)
             elif key in UPSTREAM_UNUSED_KEYS:
-                logger.warning(
-                    "config key %r%s is not used by lmcache-core", key, _describe(source)
-                )
+                self._note_no_effect(key, raw, source, strict)
                 self.unused_upstream_keys[key] = raw
             else:
                 raise ConfigError(_unknown_key_message(key, source))
 
-    def update_from_env(self, environ: Mapping[str, str] | None = None) -> None:
+    def update_from_env(
+        self, environ: Mapping[str, str] | None = None, strict: bool | None = None
+    ) -> None:
         """Override keys from ``LMCACHE_<KEY_UPPER>``; other LMCACHE_* variables are ignored."""
         env = os.environ if environ is None else environ
+        strict = strict_mode(strict, env)
         for key in _KEYS:
             var = ENV_PREFIX + key.upper()
             if var in env:
-                setattr(self, key, _convert(key, env[var], var, from_env=True))
+                value = _convert(key, env[var], var, from_env=True)
+                self._note_no_effect(key, value, var, strict)
+                setattr(self, key, value)
+
+    def _note_no_effect(self, key: str, value: Any, source: str, strict: bool) -> None:
+        """One warning per key (an error in strict mode) for a key nothing here reads."""
+        if key in IMPLEMENTED_KEYS:
+            return
+        message = no_effect_message(key, source)
+        if strict:
+            raise ConfigError(f"{message} (strict mode: {STRICT_ENV} / strict=True)")
+        if key not in self.ignored_keys:
+            logger.warning("%s", message)
+        self.ignored_keys[key] = value
 
     # -- views --------------------------------------------------------------------------------
 
@@ -460,8 +518,29 @@ class LMCacheEngineConfig:
 
 
 def config_keys() -> list[str]:
-    """Every key :class:`LMCacheEngineConfig` interprets."""
+    """Every typed key :class:`LMCacheEngineConfig` accepts (implemented or not)."""
     return list(_KEYS)
+
+
+def is_implemented(key: str) -> bool:
+    """Whether something in this core reads ``key`` (see :data:`IMPLEMENTED_KEYS`)."""
+    return key in IMPLEMENTED_KEYS
+
+
+def no_effect_message(key: str, source: str = "") -> str:
+    hint = NO_EFFECT_HINTS.get(key)
+    return f"config key {key!r}{_describe(source)} has no effect in lmcache-core" + (
+        f"; {hint}" if hint else ""
+    )
+
+
+def strict_mode(strict: bool | None, environ: Mapping[str, str] | None = None) -> bool:
+    """The explicit argument, else ``LMCACHE_STRICT_CONFIG`` (1/true/yes/on)."""
+    if strict is not None:
+        return strict
+    env = os.environ if environ is None else environ
+    raw = env.get(STRICT_ENV, os.environ.get(STRICT_ENV, ""))
+    return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def _convert(key: str, raw: Any, source: str, from_env: bool) -> Any:

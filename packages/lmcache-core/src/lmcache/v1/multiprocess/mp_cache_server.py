@@ -117,7 +117,8 @@ class _LookupSession:
 @dataclasses.dataclass
 class CacheServerSettings:
     chunk_size: int = 256
-    supported_transfer_mode: MPTransferMode = MPTransferMode.LMCACHE_DRIVEN
+    supported_transfer_mode: MPTransferMode = MPTransferMode.AUTO
+    instance_id: str = ""  # the server's id (--instance-id), reported by /status
     worker_reap_timeout_seconds: float = 120.0
     pending_transfer_timeout_seconds: float = 60.0
     session_ttl_seconds: float = 600.0
@@ -1065,6 +1066,7 @@ class MPCacheServer:
         problems = self.health_problems()
         return {
             "version": __version__,
+            "instance_id": self.settings.instance_id,
             "uptime_seconds": round(time.time() - self.started_at, 3),
             "chunk_size": self.chunk_size,
             "healthy": not problems,

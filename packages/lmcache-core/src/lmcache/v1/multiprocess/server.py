@@ -20,6 +20,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -27,7 +29,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -156,10 +158,17 @@ class AffinityThreadPool:
 
 
 def build_cache_server(config: MPServerConfig) -> MPCacheServer:
-    """Storage (L1 with optional SHM, optional disk L2) and the server state around it."""
+    """Storage (L1 with optional SHM, optional disk L2) and the server state around it.
+
+    Every input is checked and the device backend resolved *before* anything is allocated;
+    if construction fails after that, every segment made here is removed again (a crash
+    loop must not fill /dev/shm).
+    """
     from lmcache.v1.platform import get_device_spec
     from lmcache.v1.platform.cpu.shm import unlink_segment
 
+    config.validate()
+    check_device_selection()
     admin = admin_policy(
         config.enable_admin_ops,
         config.enable_http_cache_clear,
@@ -178,29 +187,93 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         cache_policy=config.eviction_policy,
         local_disk=disk_path,
         max_local_disk_size=disk_size_gb,
-        save_unfull_chunk=True,
         blocking_timeout_secs=config.blocking_timeout_secs,
         extra_config={"local_disk.adopt": True} if disk_adopt else None,
     )
-    backends = create_storage_backends(engine_config, shm_name=config.resolved_shm_name())
-    _add_remote_adapters(adapters, backends)
-    storage = StorageManager(engine_config, backends=backends)
-    _prefault(storage)
-    settings = CacheServerSettings(
-        chunk_size=config.chunk_size,
-        supported_transfer_mode=config.supported_transfer_mode,
-        worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
-        pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
-        session_ttl_seconds=config.session_ttl_seconds,
-        admin=admin,
-    )
-    return MPCacheServer(
-        settings,
-        storage,
-        get_device_spec,
-        unlink_segment=unlink_segment,
-        enable_metrics=not config.disable_metrics,
-    )
+    shm_name = config.resolved_shm_name()
+    check_l1_fits(engine_config.max_local_cpu_size, in_shm=shm_name is not None)
+    shm_preexisting = shm_name is not None and _segment_exists(shm_name)
+    backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
+    storage: StorageManager | None = None
+    try:
+        try:
+            backends = create_storage_backends(engine_config, shm_name=shm_name)
+        except OSError as exc:
+            tiers = f"L1 and the disk tier at {disk_path!r}" if disk_path else "L1"
+            raise OSError(f"cannot create {tiers}: {exc}") from exc
+        _add_remote_adapters(adapters, backends)
+        storage = StorageManager(engine_config, backends=backends)
+        _prefault(storage)
+        settings = CacheServerSettings(
+            chunk_size=config.chunk_size,
+            supported_transfer_mode=config.supported_transfer_mode,
+            worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
+            pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
+            session_ttl_seconds=config.session_ttl_seconds,
+            instance_id=config.instance_id,
+            admin=admin,
+        )
+        return MPCacheServer(
+            settings,
+            storage,
+            get_device_spec,
+            unlink_segment=unlink_segment,
+            enable_metrics=not config.disable_metrics,
+        )
+    except BaseException:
+        _release_partial_storage(storage, backends)
+        if shm_name is not None and not shm_preexisting:
+            unlink_segment(shm_name)
+        raise
+
+
+def check_l1_fits(size_gb: float, in_shm: bool) -> None:
+    """L1 is touched page by page at start-up: more than /dev/shm (or memory) holds would
+    end in SIGBUS or the OOM killer, with the segment left behind."""
+    from lmcache.v1.multiprocess.config import meminfo_available_bytes
+
+    size = int(size_gb * 1024**3)
+    if in_shm:
+        from lmcache.v1.platform.cpu.shm import SHM_DIR
+
+        st = os.statvfs(SHM_DIR)
+        free = st.f_bavail * st.f_frsize
+        where = f"free space in {SHM_DIR}"
+    else:
+        free = meminfo_available_bytes() or size
+        where = "available memory"
+    if size > free:
+        raise ValueError(
+            f"--l1-size-gb {size_gb:g} does not fit: {where} is {free / 1024**3:.2f} GiB"
+        )
+
+
+def check_device_selection() -> None:
+    """The selected device backend (``LMCACHE_DEVICE_BACKEND``, else by priority) must
+    resolve: a bad selection is refused before anything is allocated."""
+    from lmcache.v1.platform import get_selection
+
+    get_selection()
+
+
+def _segment_exists(shm_name: str) -> bool:
+    from lmcache.v1.platform.cpu.shm import SHM_DIR
+
+    return os.path.exists(os.path.join(SHM_DIR, shm_name.lstrip("/")))
+
+
+def _release_partial_storage(
+    storage: StorageManager | None, backends: OrderedDict[str, StorageBackendInterface]
+) -> None:
+    """Close what a failed construction made (L1's close unlinks its segment)."""
+    try:
+        if storage is not None:
+            storage.close()
+            return
+        for backend in reversed(list(backends.values())):
+            backend.close()
+    except Exception:
+        logger.exception("cleanup after a failed start-up")
 
 
 _DISK_ADAPTER_TYPES = ("disk", "fs")
@@ -589,22 +662,34 @@ def _describe(exc: BaseException) -> str:
 
 
 def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None = None) -> int:
-    """Build, serve until SIGINT/SIGTERM, shut down cleanly; returns an exit status."""
-    engine = build_cache_server(config)
-    try:
-        server = MPServer(config, engine)
-    except zmq.ZMQError as exc:
-        engine.close()
-        logger.error("cannot listen on tcp://%s:%d: %s", config.host, config.port, exc)
-        return 1
+    """Build, serve until SIGINT/SIGTERM, shut down cleanly; returns an exit status.
+
+    Start-up failures raise (``ValueError``/``RuntimeError``/``OSError`` with a one-line
+    message) after releasing everything already made, shared memory included.
+    """
+    # One id for the whole run (upstream: --instance-id, else a random uuid4 at start-up).
+    config = dataclasses.replace(config, instance_id=config.resolved_instance_id())
+    with _sigterm_interrupts():  # a SIGTERM while L1 is being made must still clean up
+        engine = build_cache_server(config)
+        try:
+            server = MPServer(config, engine)
+        except BaseException as exc:
+            engine.close()
+            if isinstance(exc, zmq.ZMQError):
+                raise RuntimeError(
+                    f"cannot listen on tcp://{config.host}:{config.port}: {exc}"
+                ) from None
+            raise
 
     def on_signal(signum: int, _frame: Any) -> None:
         logger.info("received %s; stopping", signal.Signals(signum).name)
         server.request_stop()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    frontends = start_frontends(config, server)
+    logger.info("LMCache MP server instance id %s", config.instance_id)
+    frontends: list[Any] = []
     try:
+        frontends = start_frontends(config, server)
         if ready is not None:
             ready(server)
         server.serve_forever()
@@ -615,6 +700,24 @@ def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None 
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt (like SIGINT) inside the block, so construction's
+    cleanup runs instead of the process dying with its segments (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
@@ -666,14 +769,18 @@ def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from lmcache.logging import init_logger
-    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args
+    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args, log_level
 
     parser = argparse.ArgumentParser(prog="python -m lmcache.v1.multiprocess.server")
     add_mp_server_args(parser)
-    parser.add_argument("--log-level", default=None)
+    parser.add_argument("--log-level", type=log_level, default=None)
     args = parser.parse_args(argv)
     init_logger(args.log_level)
-    return run_server(config_from_args(args))
+    try:
+        return run_server(config_from_args(args))
+    except (ValueError, RuntimeError, OSError) as exc:
+        logger.debug("start-up failed", exc_info=True)
+        parser.exit(1, f"{parser.prog}: error: {' '.join(str(exc).split())}\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
