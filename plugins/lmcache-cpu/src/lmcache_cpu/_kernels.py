@@ -41,7 +41,10 @@ class CpuKernels(KVKernels):
         # The block op's device names where pointer buffers live; tensors are vetted alone.
         return None
 
-    def check_tensor(self, tensor: torch.Tensor, arg: str) -> None:
+    def check_engine_tensor(self, tensor: torch.Tensor, arg: str) -> None:
+        _host_only(tensor.device, arg)
+
+    def check_lmcache_tensor(self, tensor: torch.Tensor, arg: str) -> None:
         _host_only(tensor.device, arg)
 
     def check_engine_pointers(self, pointers: Sequence[int], device: torch.device) -> None:

@@ -69,8 +69,12 @@ class KVKernels:
     def check_device(self, device: torch.device) -> None:
         """The block op's ``device`` argument names a device the kernels run on."""
 
-    def check_tensor(self, tensor: torch.Tensor, arg: str) -> None:
-        """A tensor argument lives where the kernels can reach it."""
+    def check_engine_tensor(self, tensor: torch.Tensor, arg: str) -> None:
+        """An engine buffer tensor lives where the kernels can reach it."""
+
+    def check_lmcache_tensor(self, tensor: torch.Tensor, arg: str) -> None:
+        """An LMCache buffer tensor lives where the kernels can reach it (see also
+        :meth:`kernel_address`)."""
 
     def check_engine_pointers(self, pointers: Sequence[int], device: torch.device) -> None:
         """Raw engine buffer addresses are memory the kernels can reach."""
@@ -157,10 +161,15 @@ class KVOps:
         self.baseline: Any = torch_ops
 
     # -- shared steps -------------------------------------------------------------------
-    def _tensor(self, tensor: Any, arg: str) -> None:
+    def _engine_tensor(self, tensor: Any, arg: str) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise Unsupported(f"{arg} is not a tensor")
-        self.kernels.check_tensor(tensor, arg)
+        self.kernels.check_engine_tensor(tensor, arg)
+
+    def _lmcache_tensor(self, tensor: Any, arg: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise Unsupported(f"{arg} is not a tensor")
+        self.kernels.check_lmcache_tensor(tensor, arg)
 
     def _layout_problem(self, message: str) -> Exception:
         return ValueError(message) if self.kernels.strict_layout else Unsupported(message)
@@ -180,13 +189,13 @@ class KVOps:
             self.kernels.check_engine_pointers(pointers, torch.device(device))
             geom = geometry_from_pointers(pointers, spec, desc, device, root)
         else:
-            geom = geometry_from_tensors(paged, spec, int(desc.bs), root, self._tensor)
+            geom = geometry_from_tensors(paged, spec, int(desc.bs), root, self._engine_tensor)
         self._check_heads(geom)
         return geom
 
     def _lmcache(self, buffer: Any, geom: EngineGeometry, arg: str) -> ObjectGeometry:
         """An LMCache tensor as ``[KV, NL, T, NH, HW]`` geometry."""
-        self._tensor(buffer, arg)
+        self._lmcache_tensor(buffer, arg)
         if buffer.element_size() != geom.itemsize:
             raise Unsupported(f"{arg} reinterprets its dtype")
         if buffer.dim() == 4 and buffer.shape[0] != geom.kv_size:
@@ -217,7 +226,7 @@ class KVOps:
                 raise Unsupported("LMCache object address is not visible to the kernels")
             return pointer_object_geometry(address, geom, chunk)
         arg = f"lmcache_objects_ptrs[{index}]"
-        self._tensor(obj, arg)
+        self._lmcache_tensor(obj, arg)
         if self.kernels.strict_layout and not obj.is_contiguous():
             raise ValueError(f"{arg} must be a contiguous tensor (got strides {obj.stride()})")
         return self._lmcache(obj, geom, arg)
@@ -260,7 +269,7 @@ class KVOps:
         root = "key_value_ptrs"
         if not (isinstance(paged, torch.Tensor) and paged.dim() == 1):
             geom = geometry_from_tensors(
-                paged, spec, block_size if block_size > 0 else 1, root, self._tensor
+                paged, spec, block_size if block_size > 0 else 1, root, self._engine_tensor
             )
             self._check_heads(geom)
             return geom
@@ -276,8 +285,8 @@ class KVOps:
     def _separate_kv(
         self, key_cache: Any, value_cache: Any, key_arg: str, value_arg: str
     ) -> EngineGeometry:
-        self._tensor(key_cache, key_arg)
-        self._tensor(value_cache, value_arg)
+        self._engine_tensor(key_cache, key_arg)
+        self._engine_tensor(value_cache, value_arg)
         items = [(tensor_buf(key_cache), 0, 0, 0), (tensor_buf(value_cache), 1, 0, 0)]
         spec = plan.separate_kv_spec(key_cache)
         geom = geometry_from_bufs(items, spec, 1, f"{key_arg}/{value_arg}")
@@ -433,7 +442,7 @@ class KVOps:
         if not isinstance(lmc_key_value_cache, torch.Tensor):
             raise Unsupported("lmc_key_value_cache is not a tensor")
         root = "vllm_key_value_cache"
-        geom = geometry_from_tensors([vllm_key_value_cache], spec, 1, root, self._tensor)
+        geom = geometry_from_tensors([vllm_key_value_cache], spec, 1, root, self._engine_tensor)
         self._check_heads(geom)
         lmc = plan.single_layer_lmcache_view(lmc_key_value_cache, spec.kv_size, token_major)
         self._tokens(geom, lmc, "lmc_key_value_cache", slot_mapping, direction)
