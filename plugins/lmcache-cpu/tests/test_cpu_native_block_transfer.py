@@ -185,7 +185,7 @@ class _NoFallback:
 def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     from lmcache_cpu import native_ops
 
-    kit_ops = native_ops.multi_layer_block_kv_transfer.__self__
+    kit_ops = native_ops.multi_layer_block_kv_transfer.kv_ops
     monkeypatch.setattr(kit_ops, "baseline", _NoFallback())
 
 

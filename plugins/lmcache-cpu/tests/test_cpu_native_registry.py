@@ -32,7 +32,7 @@ SELECTION = """
         "native": ops.native_module_name,
         "symbols": list(ops.native_symbols),
         "op_module": getattr(ops.multi_layer_block_kv_transfer, "__module__", None),
-        "kernels": type(getattr(getattr(ops.multi_layer_block_kv_transfer, "__self__", None),
+        "kernels": type(getattr(getattr(ops.multi_layer_block_kv_transfer, "kv_ops", None),
                                 "kernels", None)).__name__,
     }))
 """

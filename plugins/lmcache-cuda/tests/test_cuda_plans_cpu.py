@@ -134,7 +134,7 @@ def test_block_plans_match_the_baseline(case: dict[str, Any]) -> None:
 
     # D2H: engine -> objects
     ours, theirs = _objects(case, zero=True), _objects(case, zero=True)
-    _ops().multi_layer_block_kv_transfer(*_args(case, cache, ours, TransferDirection.D2H))
+    _ops().op("multi_layer_block_kv_transfer")(*_args(case, cache, ours, TransferDirection.D2H))
     torch_ops.multi_layer_block_kv_transfer(*_args(case, cache, theirs, TransferDirection.D2H))
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
@@ -142,7 +142,9 @@ def test_block_plans_match_the_baseline(case: dict[str, Any]) -> None:
     # H2D: objects -> engine
     source = _objects(case, zero=False)
     ours_cache, theirs_cache = clone(cache, zero=True), clone(cache, zero=True)
-    _ops().multi_layer_block_kv_transfer(*_args(case, ours_cache, source, TransferDirection.H2D))
+    _ops().op("multi_layer_block_kv_transfer")(
+        *_args(case, ours_cache, source, TransferDirection.H2D)
+    )
     torch_ops.multi_layer_block_kv_transfer(
         *_args(case, theirs_cache, source, TransferDirection.H2D)
     )
@@ -183,7 +185,7 @@ def test_token_plans_match_the_baseline(
     shape = object_tokens_shape(fmt, g, tokens)
 
     ours, theirs = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
-    _ops().multi_layer_kv_transfer(
+    _ops().op("multi_layer_kv_transfer")(
         ours, cache, slots, "cpu", 0, TransferDirection.D2H, fmt, bs, 0, min(skip, tokens)
     )
     torch_ops.multi_layer_kv_transfer(
@@ -193,7 +195,7 @@ def test_token_plans_match_the_baseline(
 
     source = torch.randint(0, 100, shape, generator=gen).to(dtype)
     ours_cache, theirs_cache = clone(cache, zero=True), clone(cache, zero=True)
-    _ops().multi_layer_kv_transfer(
+    _ops().op("multi_layer_kv_transfer")(
         source, ours_cache, slots, "cpu", 0, TransferDirection.H2D, fmt, bs
     )
     torch_ops.multi_layer_kv_transfer(
@@ -207,7 +209,7 @@ def test_vector_width_follows_alignment() -> None:
     cache = build_cache(1, g, torch.float16, "cpu", torch.Generator().manual_seed(0))
     objects = [torch.zeros(object_tokens_shape(1, g, 8), dtype=torch.float16)]
     kernels = _Recording()
-    _ops(kernels).multi_layer_block_kv_transfer(
+    _ops(kernels).op("multi_layer_block_kv_transfer")(
         cache, objects, [0, 1], "cpu", TransferDirection.D2H, shape_desc(g, torch.float16), 8, 1, 0
     )
     plans = kernels.plans
@@ -221,7 +223,7 @@ def test_validation_errors_are_the_baselines() -> None:
     g = Shape(nl=1, nb=2, bs=2, nh=1, hs=2)
     cache = build_cache(1, g, torch.float32, "cpu", torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="positive multiple"):
-        _ops().multi_layer_block_kv_transfer(
+        _ops().op("multi_layer_block_kv_transfer")(
             cache,
             [],
             [0],
@@ -233,7 +235,7 @@ def test_validation_errors_are_the_baselines() -> None:
             0,
         )
     with pytest.raises(ValueError, match="out of range"):
-        _ops().multi_layer_block_kv_transfer(
+        _ops().op("multi_layer_block_kv_transfer")(
             cache,
             [torch.zeros(object_tokens_shape(1, g, 2))],
             [5],

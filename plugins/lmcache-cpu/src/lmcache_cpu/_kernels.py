@@ -17,9 +17,13 @@ from typing import ClassVar
 import torch
 
 from lmcache.v1.platform.kernel_kit.checks import BlockSummary, SlotSummary, Unsupported
-from lmcache.v1.platform.kernel_kit.geometry import EngineGeometry, ObjectGeometry
-from lmcache.v1.platform.kernel_kit.ops import KVKernels, buffer_address
-from lmcache.v1.platform.ops_types import TransferDirection
+from lmcache.v1.platform.kernel_kit.kernels import (
+    BlockCopy,
+    KVKernels,
+    MemcpyCall,
+    SlotCopy,
+    buffer_address,
+)
 from lmcache_cpu import _native
 
 # Symbol dtypes the native CDF reads directly; anything else is converted like the baseline.
@@ -56,18 +60,11 @@ class CpuKernels(KVKernels):
     def slot_summary(self, slots: torch.Tensor, skip: int) -> SlotSummary:
         return SlotSummary(*_native.slot_summary(slots, skip))
 
-    def copy_blocks(
-        self,
-        geom: EngineGeometry,
-        objects: list[ObjectGeometry | None],
-        block_ids: torch.Tensor,
-        skip: int,
-        blocks_per_object: int,
-        to_engine: bool,
-    ) -> None:
+    def copy_blocks(self, job: BlockCopy) -> None:
         # strict_layout guarantees contiguous objects: address and token count describe them.
-        obj_ptrs = [0 if o is None else o.address for o in objects]
-        obj_tokens = [0 if o is None else o.tokens for o in objects]
+        geom = job.geom
+        obj_ptrs = [0 if o is None else o.address for o in job.objects]
+        obj_tokens = [0 if o is None else o.tokens for o in job.objects]
         es = geom.itemsize
         for group in geom.groups:
             _native.block_kv_copy(
@@ -85,20 +82,14 @@ class CpuKernels(KVKernels):
                 [col * es for col in group.cols],
                 geom.row_elems * es,
                 geom.head_width * es,
-                block_ids,
-                skip,
-                blocks_per_object,
-                to_engine,
+                job.block_ids,
+                job.skip,
+                job.blocks_per_object,
+                job.to_engine,
             )
 
-    def copy_slots(
-        self,
-        geom: EngineGeometry,
-        lmcache: ObjectGeometry,
-        slots: torch.Tensor,
-        skip: int,
-        to_engine: bool,
-    ) -> None:
+    def copy_slots(self, job: SlotCopy) -> None:
+        geom, lmcache = job.geom, job.lmcache
         es = geom.itemsize
         if lmcache.head_stride != geom.head_width * es:
             raise Unsupported("LMCache heads are not packed inside a row")
@@ -119,28 +110,19 @@ class CpuKernels(KVKernels):
                 lmc_bases,
                 lmcache.row_stride,
                 geom.head_width * es,
-                slots,
-                skip,
-                to_engine,
+                job.slots,
+                job.skip,
+                job.to_engine,
             )
 
-    def memcpy(
-        self,
-        dest: int | torch.Tensor,
-        src: int | torch.Tensor,
-        nbytes: int,
-        direction: TransferDirection,
-        host_buffer_offset: int,
-        host_buffer_alignments: int,
-    ) -> None:
+    def memcpy(self, job: MemcpyCall) -> None:
         # Like the baseline on CPU, the copy has completed when the call returns; the host
         # buffer offset and alignment only matter to device runtimes.
-        for buffer, arg in ((dest, "dest"), (src, "src")):
+        for buffer, arg in ((job.dest, "dest"), (job.src, "src")):
             if isinstance(buffer, torch.Tensor):
                 _host_only(buffer.device, arg)
-        _native.memcpy(
-            buffer_address(dest, nbytes, "dest"), buffer_address(src, nbytes, "src"), nbytes
-        )
+        dest = buffer_address(job.dest, job.nbytes, "dest")
+        _native.memcpy(dest, buffer_address(job.src, job.nbytes, "src"), job.nbytes)
 
 
 def batched_memcpy(src_ptrs: Sequence[int], dst_ptrs: Sequence[int], sizes: Sequence[int]) -> None:

@@ -17,8 +17,7 @@ import torch
 
 import lmcache_cuda._native as _native
 from lmcache.v1.platform.kernel_kit.checks import Unsupported
-from lmcache.v1.platform.kernel_kit.ops import buffer_address
-from lmcache.v1.platform.ops_types import TransferDirection
+from lmcache.v1.platform.kernel_kit.kernels import MemcpyCall, buffer_address
 from lmcache_cuda._plan import CopyPlan, PlanKernels
 
 
@@ -76,34 +75,26 @@ class CudaKernels(PlanKernels):
                 stream,
             )
 
-    def memcpy(
-        self,
-        dest: int | torch.Tensor,
-        src: int | torch.Tensor,
-        nbytes: int,
-        direction: TransferDirection,
-        host_buffer_offset: int,
-        host_buffer_alignments: int,
-    ) -> None:
+    def memcpy(self, job: MemcpyCall) -> None:
         """``cudaMemcpyAsync`` on the current stream, split at host registration boundaries.
 
         The host side is registered in ``host_buffer_alignments``-byte segments starting at
         allocator offset ``host_buffer_offset``; no single copy crosses a segment boundary.
         """
-        tensors = [b for b in (dest, src) if isinstance(b, torch.Tensor)]
+        tensors = [b for b in (job.dest, job.src) if isinstance(b, torch.Tensor)]
         if len(tensors) == 2 and all(t.device.type != "cuda" for t in tensors):
             raise Unsupported("no device involved: the baseline's host copy")
-        dest_ptr = buffer_address(dest, nbytes, "dest")
-        src_ptr = buffer_address(src, nbytes, "src")
+        dest_ptr = buffer_address(job.dest, job.nbytes, "dest")
+        src_ptr = buffer_address(job.src, job.nbytes, "src")
         on_device = [t.device.index for t in tensors if t.device.type == "cuda"]
         index = on_device[0] if on_device and on_device[0] is not None else None
         device = torch.device("cuda", index if index is not None else torch.cuda.current_device())
         _native.memcpy_async(
             dest_ptr,
             src_ptr,
-            nbytes,
-            int(direction),
-            host_buffer_offset,
-            host_buffer_alignments,
+            job.nbytes,
+            int(job.direction),
+            job.host_buffer_offset,
+            job.host_buffer_alignments,
             _stream_handle(device),
         )

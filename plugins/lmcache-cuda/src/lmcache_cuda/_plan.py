@@ -17,7 +17,7 @@ import torch
 from lmcache.v1.platform.kernel_kit import checks
 from lmcache.v1.platform.kernel_kit.checks import Unsupported
 from lmcache.v1.platform.kernel_kit.geometry import EngineGeometry, ObjectGeometry
-from lmcache.v1.platform.kernel_kit.ops import KVKernels
+from lmcache.v1.platform.kernel_kit.kernels import BlockCopy, KVKernels, SlotCopy
 
 __all__ = ["CopyPlan", "PlanKernels", "block_plans", "engine_plans", "slot_plans"]
 
@@ -95,19 +95,13 @@ def _column(count: int, value: int) -> torch.Tensor:
     return torch.full((count,), value, dtype=torch.int64)
 
 
-def block_plans(
-    geom: EngineGeometry,
-    objects: list[ObjectGeometry | None],
-    block_ids: torch.Tensor,
-    skip: int,
-    blocks_per_object: int,
-    to_engine: bool,
-) -> list[CopyPlan]:
+def block_plans(job: BlockCopy) -> list[CopyPlan]:
     """Plans moving whole blocks between the engine and the LMCache objects."""
+    geom, objects = job.geom, job.objects
     bs = geom.block_size
     views, columns = [], []
     for obj_index, slots, engine_ids in checks.block_runs(
-        block_ids, blocks_per_object, skip, len(objects)
+        job.block_ids, job.blocks_per_object, job.skip, len(objects)
     ):
         view = objects[obj_index]
         assert view is not None  # the kit describes every object that receives a block
@@ -139,15 +133,14 @@ def block_plans(
         plan.work[:, 0] *= plan.eng_block_stride
         plan.rows = bs
         plan.obj_row_stride, plan.obj_head_stride = row_stride, head_stride
-        plan.to_engine = to_engine
+        plan.to_engine = job.to_engine
     return plans
 
 
-def slot_plans(
-    geom: EngineGeometry, lmc: ObjectGeometry, slots: torch.Tensor, skip: int, to_engine: bool
-) -> list[CopyPlan]:
+def slot_plans(job: SlotCopy) -> list[CopyPlan]:
     """Plans moving single tokens between engine slots and one LMCache buffer."""
-    positions, valid = checks.selected_tokens(slots, skip, 0)
+    geom, lmc = job.geom, job.lmcache
+    positions, valid = checks.selected_tokens(job.slots, job.skip, 0)
     if valid.numel() == 0:
         return []
     pos = (
@@ -167,7 +160,7 @@ def slot_plans(
         )
         plan.rows = 1
         plan.obj_row_stride, plan.obj_head_stride = lmc.row_stride, lmc.head_stride
-        plan.to_engine = to_engine
+        plan.to_engine = job.to_engine
     return plans
 
 
@@ -177,24 +170,8 @@ class PlanKernels(KVKernels):
     def execute(self, plans: Sequence[CopyPlan], device: torch.device) -> None:
         raise NotImplementedError
 
-    def copy_blocks(
-        self,
-        geom: EngineGeometry,
-        objects: list[ObjectGeometry | None],
-        block_ids: torch.Tensor,
-        skip: int,
-        blocks_per_object: int,
-        to_engine: bool,
-    ) -> None:
-        plans = block_plans(geom, objects, block_ids, skip, blocks_per_object, to_engine)
-        self.execute(plans, geom.device)
+    def copy_blocks(self, job: BlockCopy) -> None:
+        self.execute(block_plans(job), job.geom.device)
 
-    def copy_slots(
-        self,
-        geom: EngineGeometry,
-        lmcache: ObjectGeometry,
-        slots: torch.Tensor,
-        skip: int,
-        to_engine: bool,
-    ) -> None:
-        self.execute(slot_plans(geom, lmcache, slots, skip, to_engine), geom.device)
+    def copy_slots(self, job: SlotCopy) -> None:
+        self.execute(slot_plans(job), job.geom.device)

@@ -39,8 +39,8 @@ from lmcache.v1.platform.kernel_kit.checks import (
     token_pointer_shape_desc,
     validate_direction,
 )
-from lmcache.v1.platform.kernel_kit.geometry import (
-    flatten_engine_buffers,
+from lmcache.v1.platform.kernel_kit.geometry import flatten_engine_buffers
+from lmcache.v1.platform.kernel_kit.pointers import (
     infer_kv_dtype,
     pointer_container,
     pointer_count,
