@@ -55,7 +55,7 @@ def test_geometry_groups_layers_of_one_shape() -> None:
         (F.NL_X_TWO_NB_BS_NH_HS, torch.zeros(5, 4, 3, 8), 4, "expected a 5-d engine tensor"),
         (F.TWO_X_NL_X_NBBS_NH_HS, torch.zeros(10, 2, 8), 4, "not a multiple of the block size"),
         (F.NL_X_NBBS_ONE_HS, torch.zeros(8, 2, 8), 4, "unit axis"),
-        (F.NL_X_NB_NH_BS_TWO_HS, torch.zeros(3, 2, 4, 8, 2).transpose(-1, -2), 4, "packed K|V"),
+        (F.NL_X_NB_NH_BS_TWO_HS, torch.zeros(3, 2, 4, 8, 2).transpose(-1, -2), 4, r"packed K\|V"),
     ],
 )
 def test_undescribable_buffers_are_value_errors(
@@ -73,7 +73,7 @@ def test_kv_layers_need_k_and_v() -> None:
 def test_the_baseline_refuses_a_strided_packed_tail_instead_of_copying_it() -> None:
     # A silent copy would lose every H2D write; the shared geometry refuses it.
     layer = torch.zeros(3, 2, 4, 8, 2).transpose(-1, -2)  # tail [2, HS] not contiguous
-    with pytest.raises(ValueError, match="packed K|V"):
+    with pytest.raises(ValueError, match=r"packed K\|V"):
         torch_ops.multi_layer_kv_transfer(
             torch.ones(1, 1, 2, 32), [layer], torch.tensor([0, 1]), "cpu", 0,
             TransferDirection.H2D, F.NL_X_NB_NH_BS_TWO_HS, 4,

@@ -71,12 +71,18 @@ class KVOps:
         signature = inspect.signature(declaration)
         body: Callable[[Args], None] = getattr(self, f"_{name}")
 
+        names = list(signature.parameters)
+
         @functools.wraps(declaration)
         def native_op(*args: Any, **kwargs: Any) -> None:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
+            if kwargs or len(args) != len(names):
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                arguments: Args = bound.arguments
+            else:  # every argument given positionally: the hot path skips bind()
+                arguments = dict(zip(names, args))
             try:
-                body(bound.arguments)
+                body(arguments)
             except Unsupported:
                 getattr(self.baseline, name)(*args, **kwargs)
 
