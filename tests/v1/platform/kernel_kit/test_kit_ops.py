@@ -228,3 +228,15 @@ def test_declined_input_runs_the_baseline_with_the_original_arguments() -> None:
     )
     ops.op("load_and_reshape_flash")(lmc, k, v, slots, layer_idx=0)
     assert calls == [("load_and_reshape_flash", (lmc, k, v, slots), {"layer_idx": 0})]
+
+
+def test_argument_binding_is_the_baselines() -> None:
+    ops = KVOps(HostKernels())
+    memcpy = KVOps(KVKernels()).op("lmcache_memcpy_async")
+    with pytest.raises(TypeError):
+        ops.op("multi_layer_kv_transfer")(torch.zeros(1), [])  # missing arguments
+    with pytest.raises(TypeError):
+        memcpy(1, 2, 3, 0, 0, 0, 7)  # one positional too many
+    with pytest.raises(TypeError):
+        memcpy(dest=1, src=2, nbytes=0, direction=0, host_buffer_offset=0,
+               host_buffer_alignments=0)  # fmt: skip

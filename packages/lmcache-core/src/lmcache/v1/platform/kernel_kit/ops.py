@@ -72,15 +72,19 @@ class KVOps:
         body: Callable[[Args], None] = getattr(self, f"_{name}")
 
         names = list(signature.parameters)
+        params = signature.parameters.values()
+        defaults = {p.name: p.default for p in params if p.default is not p.empty}
 
         @functools.wraps(declaration)
         def native_op(*args: Any, **kwargs: Any) -> None:
-            if kwargs or len(args) != len(names):
+            missing = names[len(args) :]
+            if kwargs or len(args) > len(names) or any(n not in defaults for n in missing):
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
                 arguments: Args = bound.arguments
-            else:  # every argument given positionally: the hot path skips bind()
+            else:  # positional arguments plus defaults: the hot path skips bind()
                 arguments = dict(zip(names, args))
+                arguments.update((name, defaults[name]) for name in missing)
             try:
                 body(arguments)
             except Unsupported:
