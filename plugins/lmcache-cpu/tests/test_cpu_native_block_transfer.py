@@ -183,9 +183,10 @@ class _NoFallback:
 
 @pytest.fixture
 def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lmcache_cpu import _ops
+    from lmcache_cpu import native_ops
 
-    monkeypatch.setattr(_ops, "torch_ops", _NoFallback())
+    kit_ops = native_ops.multi_layer_block_kv_transfer.kv_ops
+    monkeypatch.setattr(kit_ops, "baseline", _NoFallback())
 
 
 @pytest.mark.parametrize("paged_mode", ["tensors", "pointers"])

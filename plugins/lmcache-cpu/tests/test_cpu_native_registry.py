@@ -32,6 +32,8 @@ SELECTION = """
         "native": ops.native_module_name,
         "symbols": list(ops.native_symbols),
         "op_module": getattr(ops.multi_layer_block_kv_transfer, "__module__", None),
+        "kernels": type(getattr(getattr(ops.multi_layer_block_kv_transfer, "kv_ops", None),
+                                "kernels", None)).__name__,
     }))
 """
 
@@ -76,7 +78,8 @@ def test_selected_without_any_environment_variable(run_python: RunPython) -> Non
     assert {"multi_layer_block_kv_transfer", "lmcache_memcpy_async", "StagingCopy"} <= set(
         report["symbols"]
     )
-    assert report["op_module"] == "lmcache_cpu._ops"
+    assert report["op_module"] == "lmcache.v1.platform.kernel_kit.ops"
+    assert report["kernels"] == "CpuKernels"
 
 
 def test_forcing_the_in_tree_cpu_backend_keeps_the_baseline(run_python: RunPython) -> None:

@@ -10,6 +10,10 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from lmcache_cuda._plan import CopyPlan, PlanKernels
+
 
 def run_plans(plans: Sequence[Any]) -> None:
     for plan in plans:
@@ -24,3 +28,10 @@ def run_plans(plans: Sequence[Any]) -> None:
                         o = obj + r * plan.obj_row_stride + h * plan.obj_head_stride
                         src, dst = (o, e) if plan.to_engine else (e, o)
                         ctypes.memmove(dst, src, plan.width_bytes)
+
+
+class EmulatedKernels(PlanKernels):
+    """The CUDA plugin's plan kernels over host memory, executed by :func:`run_plans`."""
+
+    def execute(self, plans: Sequence[CopyPlan], device: torch.device) -> None:
+        run_plans(plans)

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from lmcache.v1.platform.kv_formats import all_specs as _all_specs
+from lmcache.v1.platform.kv_formats import format_spec as _format_spec
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
-from lmcache.v1.platform.torch_ops._kv_format import _all_specs, _format_spec
 
 ALL_FORMATS = [int(s.engine_kv_format) for s in _all_specs()]
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from layouts import ALL_FORMATS, Shape, build_cache, clone, equal, object_tokens_shape, shape_desc
 
 from lmcache.v1.platform import torch_ops
+from lmcache.v1.platform.kv_formats import format_spec as _format_spec
 from lmcache.v1.platform.ops_types import TransferDirection
-from lmcache.v1.platform.torch_ops._kv_format import _format_spec
 
 pytestmark = pytest.mark.gpu
 

@@ -1,8 +1,9 @@
 """The copy-plan geometry of every layout, checked on the CPU against the torch baseline.
 
-Plans built from host tensors are executed by a host emulator of the CUDA kernel
-(``emulator.py``); the result must equal the baseline's bit for bit. This covers everything
-the native path computes except the kernel's own launch, without a GPU.
+The kit's ops run over the plugin's plan kernels with host memory, and the plans are
+executed by a host emulator of the CUDA kernel (``emulator.py``); the result must equal the
+baseline's bit for bit, and no input may fall back. This covers everything the native path
+computes except the kernel's own launch, without a GPU.
 """
 
 from __future__ import annotations
@@ -11,25 +12,45 @@ from typing import Any
 
 import pytest
 import torch
-from emulator import run_plans
+from emulator import EmulatedKernels
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from layouts import ALL_FORMATS, Shape, build_cache, clone, equal, object_tokens_shape, shape_desc
 
 from lmcache.v1.platform import torch_ops
+from lmcache.v1.platform.kernel_kit.ops import KVOps
+from lmcache.v1.platform.kv_formats import format_spec as _format_spec
 from lmcache.v1.platform.ops_types import TransferDirection
-from lmcache.v1.platform.torch_ops._kv_format import _format_spec, paged_layout_from_tensors
-from lmcache_cuda._plan import plan_block_transfer, plan_token_transfer
+from lmcache_cuda._plan import CopyPlan
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.uint8]
 
 
-def _identity(ptr: int) -> int:
-    return ptr
+class _NoFallback:
+    """Stands in for torch_ops inside the kit: any fallback fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError(f"{name} fell back to the torch baseline")
+
+        return fail
 
 
-def _no_check(view: torch.Tensor) -> None:
-    return None
+class _Recording(EmulatedKernels):
+    """Keeps the plans it executed, to check the launch tuning."""
+
+    def __init__(self) -> None:
+        self.plans: list[CopyPlan] = []
+
+    def execute(self, plans: Any, device: torch.device) -> None:
+        self.plans.extend(plans)
+        super().execute(plans, device)
+
+
+def _ops(kernels: EmulatedKernels | None = None) -> KVOps:
+    ops = KVOps(kernels or EmulatedKernels())
+    ops.baseline = _NoFallback()
+    return ops
 
 
 def _block_ids(draw: Any, nb: int, count: int) -> list[int]:
@@ -113,12 +134,7 @@ def test_block_plans_match_the_baseline(case: dict[str, Any]) -> None:
 
     # D2H: engine -> objects
     ours, theirs = _objects(case, zero=True), _objects(case, zero=True)
-    plans = plan_block_transfer(
-        *_args(case, cache, ours, TransferDirection.D2H),
-        address_of=_identity,
-        check_view=_no_check,
-    )
-    run_plans(plans)
+    _ops().op("multi_layer_block_kv_transfer")(*_args(case, cache, ours, TransferDirection.D2H))
     torch_ops.multi_layer_block_kv_transfer(*_args(case, cache, theirs, TransferDirection.D2H))
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
@@ -126,12 +142,9 @@ def test_block_plans_match_the_baseline(case: dict[str, Any]) -> None:
     # H2D: objects -> engine
     source = _objects(case, zero=False)
     ours_cache, theirs_cache = clone(cache, zero=True), clone(cache, zero=True)
-    plans = plan_block_transfer(
-        *_args(case, ours_cache, source, TransferDirection.H2D),
-        address_of=_identity,
-        check_view=_no_check,
+    _ops().op("multi_layer_block_kv_transfer")(
+        *_args(case, ours_cache, source, TransferDirection.H2D)
     )
-    run_plans(plans)
     torch_ops.multi_layer_block_kv_transfer(
         *_args(case, theirs_cache, source, TransferDirection.H2D)
     )
@@ -166,24 +179,14 @@ def test_token_plans_match_the_baseline(
     g = Shape(nl, nb, bs, nh, hs)
     gen = torch.Generator().manual_seed(seed)
     cache = build_cache(fmt, g, dtype, "cpu", gen)
-    spec = _format_spec(fmt)
-    layout = paged_layout_from_tensors(cache, spec, bs)
     tokens = min(tokens, nb * bs)
     slots = torch.randperm(nb * bs, generator=gen)[:tokens]
     slots[0] = -1 if tokens > 1 else slots[0]
     shape = object_tokens_shape(fmt, g, tokens)
 
     ours, theirs = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
-    run_plans(
-        plan_token_transfer(
-            layout,
-            ours,
-            slots,
-            TransferDirection.D2H,
-            min(skip, tokens),
-            address_of=_identity,
-            check_view=_no_check,
-        )
+    _ops().op("multi_layer_kv_transfer")(
+        ours, cache, slots, "cpu", 0, TransferDirection.D2H, fmt, bs, 0, min(skip, tokens)
     )
     torch_ops.multi_layer_kv_transfer(
         theirs, cache, slots, "cpu", 0, TransferDirection.D2H, fmt, bs, 0, min(skip, tokens)
@@ -192,15 +195,8 @@ def test_token_plans_match_the_baseline(
 
     source = torch.randint(0, 100, shape, generator=gen).to(dtype)
     ours_cache, theirs_cache = clone(cache, zero=True), clone(cache, zero=True)
-    run_plans(
-        plan_token_transfer(
-            paged_layout_from_tensors(ours_cache, spec, bs),
-            source,
-            slots,
-            TransferDirection.H2D,
-            address_of=_identity,
-            check_view=_no_check,
-        )
+    _ops().op("multi_layer_kv_transfer")(
+        source, ours_cache, slots, "cpu", 0, TransferDirection.H2D, fmt, bs
     )
     torch_ops.multi_layer_kv_transfer(
         source, theirs_cache, slots, "cpu", 0, TransferDirection.H2D, fmt, bs
@@ -212,19 +208,11 @@ def test_vector_width_follows_alignment() -> None:
     g = Shape(nl=2, nb=4, bs=4, nh=2, hs=8)
     cache = build_cache(1, g, torch.float16, "cpu", torch.Generator().manual_seed(0))
     objects = [torch.zeros(object_tokens_shape(1, g, 8), dtype=torch.float16)]
-    plans = plan_block_transfer(
-        cache,
-        objects,
-        [0, 1],
-        "cpu",
-        TransferDirection.D2H,
-        shape_desc(g, torch.float16),
-        8,
-        1,
-        0,
-        address_of=_identity,
-        check_view=_no_check,
+    kernels = _Recording()
+    _ops(kernels).op("multi_layer_block_kv_transfer")(
+        cache, objects, [0, 1], "cpu", TransferDirection.D2H, shape_desc(g, torch.float16), 8, 1, 0
     )
+    plans = kernels.plans
     assert len(plans) == 1
     # 8 fp16 per head = 16 bytes; torch allocations are 64-byte aligned.
     assert plans[0].vector_bytes() == 16
@@ -235,7 +223,7 @@ def test_validation_errors_are_the_baselines() -> None:
     g = Shape(nl=1, nb=2, bs=2, nh=1, hs=2)
     cache = build_cache(1, g, torch.float32, "cpu", torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="positive multiple"):
-        plan_block_transfer(
+        _ops().op("multi_layer_block_kv_transfer")(
             cache,
             [],
             [0],
@@ -245,11 +233,9 @@ def test_validation_errors_are_the_baselines() -> None:
             3,
             1,
             0,
-            address_of=_identity,
-            check_view=_no_check,
         )
     with pytest.raises(ValueError, match="out of range"):
-        plan_block_transfer(
+        _ops().op("multi_layer_block_kv_transfer")(
             cache,
             [torch.zeros(object_tokens_shape(1, g, 2))],
             [5],
@@ -259,6 +245,4 @@ def test_validation_errors_are_the_baselines() -> None:
             2,
             1,
             0,
-            address_of=_identity,
-            check_view=_no_check,
         )

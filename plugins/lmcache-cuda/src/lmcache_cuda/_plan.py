@@ -1,40 +1,25 @@
-"""Copy plans: the numbers one native ``kv_copy`` launch needs, derived from torch views.
+"""Launch plans: the numbers one native ``kv_copy`` launch needs, and how to tune it.
 
-The torch baseline already turns every ``EngineKVFormat`` into canonical views ``[KV, NL,
-NB, BS, NH, HS]`` (``torch_ops.plan``) and every LMCache buffer into ``[KV, NL, T, NH,
-HW]``. A plan reads base addresses and byte strides off those views, so the kernel needs no
-per-format code and the argument checks (and their messages) stay the baseline's.
-
-Nothing here touches a GPU: plans are plain integers, which is what lets the CPU test suite
-check every layout by executing plans with a host emulator of the kernel.
+The kit (:mod:`lmcache.v1.platform.kernel_kit`) has already checked the arguments and
+described the engine buffers as plane groups and the LMCache buffers as byte strides. A plan
+turns that into the kernel's work list -- one row per block or token to move -- plus the
+launch tuning (vector width, items per CTA). Nothing here touches a GPU: plans are plain
+integers, so the CPU test suite executes them with a host emulator of the kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from lmcache.v1.platform.ops_types import PageBufferShapeDesc, TransferDirection
-from lmcache.v1.platform.torch_ops import plan as shared
-from lmcache.v1.platform.torch_ops.plan import PagedLayout, Unsupported, canonical_object
+from lmcache.v1.platform.kernel_kit import checks
+from lmcache.v1.platform.kernel_kit.checks import Unsupported
+from lmcache.v1.platform.kernel_kit.geometry import EngineGeometry, ObjectGeometry
+from lmcache.v1.platform.kernel_kit.kernels import BlockCopy, KVKernels, SlotCopy
 
-__all__ = [
-    "CopyPlan",
-    "ObjectView",
-    "Unsupported",
-    "engine_plans",
-    "object_view",
-    "plan_block_transfer",
-    "plan_token_transfer",
-    "tensor_object_view",
-    "uniform_object_strides",
-]
-
-AddressFn = Callable[[int], int]
-ViewCheck = Callable[[torch.Tensor], None]
+__all__ = ["CopyPlan", "PlanKernels", "block_plans", "engine_plans", "slot_plans"]
 
 # Bytes one CTA should move before it is worth splitting work across more CTAs.
 _BYTES_PER_CTA = 16384
@@ -76,90 +61,29 @@ class CopyPlan:
         return max(1, min(_MAX_ITEMS_PER_CTA, _BYTES_PER_CTA // per_item))
 
 
-def engine_plans(layout: PagedLayout, check_view: Callable[[torch.Tensor], None]) -> list[CopyPlan]:
-    """One empty plan per group of engine planes sharing strides and head width."""
-    groups: dict[tuple[int, int, int, int, int], CopyPlan] = {}
-    for part in layout.parts:
-        view = part.view
-        check_view(view)
-        es = view.element_size()
-        s_kv, s_layer, s_block, s_row, s_head, s_col = view.stride()
-        hs = view.shape[5]
-        if hs > 1 and s_col != 1:
-            raise Unsupported("engine head dimension is not contiguous")
-        key = (s_block * es, s_row * es, s_head * es, hs * es, view.shape[4])
-        plan = groups.get(key)
-        if plan is None:
-            plan = groups[key] = CopyPlan(
-                planes=[],
-                num_heads=view.shape[4],
-                width_bytes=hs * es,
-                eng_block_stride=s_block * es,
-                eng_row_stride=s_row * es,
-                eng_head_stride=s_head * es,
+def engine_plans(geom: EngineGeometry) -> list[CopyPlan]:
+    """One plan (no work yet) per plane group of the engine geometry."""
+    es = geom.itemsize
+    plans = []
+    for group in geom.groups:
+        planes = [
+            (base, kv, layer, col * es)
+            for base, kv, layer, col in zip(group.bases, group.kv, group.layers, group.cols)
+        ]
+        plans.append(
+            CopyPlan(
+                planes=planes,
+                num_heads=geom.num_heads,
+                width_bytes=group.width * es,
+                eng_block_stride=group.block_stride * es,
+                eng_row_stride=group.tok_stride * es,
+                eng_head_stride=group.head_stride * es,
             )
-        kv0 = part.kv.start or 0
-        layer0 = part.layers.start or 0
-        col = (part.cols.start or 0) * es
-        base = view.data_ptr()
-        for kv in range(view.shape[0]):
-            for layer in range(view.shape[1]):
-                addr = base + (kv * s_kv + layer * s_layer) * es
-                plan.planes.append((addr, kv0 + kv, layer0 + layer, col))
-    return list(groups.values())
-
-
-@dataclass
-class ObjectView:
-    """An LMCache buffer as device-visible address plus byte strides of ``[KV, NL, T, NH, HW]``."""
-
-    address: int
-    kv_stride: int
-    layer_stride: int
-    row_stride: int
-    head_stride: int
-    tokens: int
-
-
-def object_view(
-    obj: Any, layout: PagedLayout, chunk_tokens: int, address_of: AddressFn
-) -> ObjectView:
-    """Geometry of one LMCache object (a tensor or a raw address of a contiguous chunk)."""
-    es = torch.empty(0, dtype=layout.dtype).element_size()
-    row = layout.num_heads * layout.head_width * es
-    if not isinstance(obj, torch.Tensor):
-        address = address_of(int(obj))
-        if address == 0:
-            raise Unsupported("LMCache object address is not visible to the device")
-        per_layer = chunk_tokens * row
-        return ObjectView(
-            address,
-            layout.num_layers * per_layer,
-            per_layer,
-            row,
-            layout.head_width * es,
-            chunk_tokens,
         )
-    return tensor_object_view(canonical_object(obj, layout), address_of)
+    return plans
 
 
-def tensor_object_view(canon: torch.Tensor, address_of: AddressFn) -> ObjectView:
-    """Geometry of a canonical ``[KV, NL, T, NH, HW]`` view."""
-    es = canon.element_size()
-    s_kv, s_layer, s_row, s_head, s_col = canon.stride()
-    if canon.shape[4] > 1 and s_col != 1:
-        raise Unsupported("LMCache buffer is not contiguous in its head dimension")
-    if canon.numel() == 0:
-        raise Unsupported("empty LMCache buffer")
-    address = address_of(canon.data_ptr())
-    if address == 0:
-        raise Unsupported("LMCache buffer is not visible to the device (pageable host memory)")
-    return ObjectView(
-        address, s_kv * es, s_layer * es, s_row * es, s_head * es, int(canon.shape[2])
-    )
-
-
-def uniform_object_strides(views: Sequence[ObjectView]) -> tuple[int, int]:
+def _uniform_strides(views: Sequence[ObjectGeometry]) -> tuple[int, int]:
     """(row stride, head stride) shared by every object of a launch."""
     strides = {(v.row_stride, v.head_stride) for v in views}
     if len(strides) != 1:
@@ -167,107 +91,87 @@ def uniform_object_strides(views: Sequence[ObjectView]) -> tuple[int, int]:
     return next(iter(strides))
 
 
-def plan_block_transfer(
-    paged: Any,
-    objects_in: Any,
-    block_ids: Any,
-    device: Any,
-    direction: Any,
-    shape_desc: PageBufferShapeDesc,
-    chunk_size: int,
-    engine_kv_format: Any,
-    skip_blocks: int,
-    *,
-    address_of: AddressFn,
-    check_view: ViewCheck,
-    layout_of: Callable[..., PagedLayout] = shared.paged_layout,
-) -> list[CopyPlan]:
-    """Plans for ``multi_layer_block_kv_transfer``; checks exactly as the baseline does."""
-    spec, checked, skip, chunk, bpo, ids, objects = shared.block_transfer_args(
-        objects_in, block_ids, direction, shape_desc, chunk_size, engine_kv_format, skip_blocks
-    )
-    to_engine = checked == TransferDirection.H2D
-    runs = list(shared.block_runs(ids, bpo, skip, len(objects)))
-    if not runs:
-        return []
-    layout = layout_of(paged, spec, shape_desc, device)
-    shared.check_engine_block_size(layout.block_size, shape_desc)
-    shared.check_block_runs(runs, layout.num_blocks)
-    plans = engine_plans(layout, check_view)
-    bs = layout.block_size
+def _column(count: int, value: int) -> torch.Tensor:
+    return torch.full((count,), value, dtype=torch.int64)
 
-    views = []
-    columns: list[torch.Tensor] = []
-    for obj_index, slots, engine_ids in runs:
-        view = object_view(objects[obj_index], layout, chunk, address_of)
-        whole_blocks = view.tokens // bs
+
+def block_plans(job: BlockCopy) -> list[CopyPlan]:
+    """Plans moving whole blocks between the engine and the LMCache objects."""
+    geom, objects = job.geom, job.objects
+    bs = geom.block_size
+    views, columns = [], []
+    for obj_index, slots, engine_ids in checks.block_runs(
+        job.block_ids, job.blocks_per_object, job.skip, len(objects)
+    ):
+        view = objects[obj_index]
+        assert view is not None  # the kit describes every object that receives a block
         slot_ids = (
             torch.arange(slots.start, slots.stop, dtype=torch.int64)
             if isinstance(slots, slice)
             else slots.to(torch.int64)
         )
-        shared.check_block_slot(obj_index, int(slot_ids.max()), whole_blocks, ValueError)
-        views.append(view)
         count = slot_ids.numel()
+        views.append(view)
         columns.append(
             torch.stack(
                 [
                     engine_ids.to("cpu", torch.int64),
                     view.address + slot_ids * (bs * view.row_stride),
-                    torch.full((count,), view.kv_stride, dtype=torch.int64),
-                    torch.full((count,), view.layer_stride, dtype=torch.int64),
+                    _column(count, view.kv_stride),
+                    _column(count, view.layer_stride),
                 ],
                 dim=1,
             )
         )
-    row_stride, head_stride = uniform_object_strides(views)
+    if not views:
+        return []
+    row_stride, head_stride = _uniform_strides(views)
     items = torch.cat(columns)
+    plans = engine_plans(geom)
     for plan in plans:
-        work = items.clone()
-        work[:, 0] *= plan.eng_block_stride
-        plan.work = work
+        plan.work = items.clone()
+        plan.work[:, 0] *= plan.eng_block_stride
         plan.rows = bs
-        plan.obj_row_stride = row_stride
-        plan.obj_head_stride = head_stride
-        plan.to_engine = to_engine
+        plan.obj_row_stride, plan.obj_head_stride = row_stride, head_stride
+        plan.to_engine = job.to_engine
     return plans
 
 
-def plan_token_transfer(
-    layout: PagedLayout,
-    lmcache_buffer: torch.Tensor,
-    slot_mapping: Any,
-    direction: Any,
-    skip: int = 0,
-    page_buffer_size: int = 0,
-    *,
-    address_of: AddressFn,
-    check_view: ViewCheck,
-) -> list[CopyPlan]:
-    """Plans for the baseline's shared token path (``mem_kernels._transfer_tokens``)."""
-    to_engine = shared.validate_direction(direction) == TransferDirection.H2D
-    lmc = canonical_object(lmcache_buffer, layout)
-    positions, slots = shared.selected_tokens(slot_mapping, skip, page_buffer_size)
-    if slots.numel() == 0:
+def slot_plans(job: SlotCopy) -> list[CopyPlan]:
+    """Plans moving single tokens between engine slots and one LMCache buffer."""
+    geom, lmc = job.geom, job.lmcache
+    positions, valid = checks.selected_tokens(job.slots, job.skip, 0)
+    if valid.numel() == 0:
         return []
     pos = (
         torch.arange(positions.start, positions.stop, dtype=torch.int64)
         if isinstance(positions, slice)
         else positions.to(torch.int64)
     )
-    shared.check_token_coverage(int(pos.max()), lmc.shape[2])
-    plans = engine_plans(layout, check_view)
-    view = tensor_object_view(lmc, address_of)
-    blocks, offsets = slots // layout.block_size, slots % layout.block_size
+    blocks, offsets = valid // geom.block_size, valid % geom.block_size
     count = pos.numel()
-    obj_col = view.address + pos * view.row_stride
-    kv_col = torch.full((count,), view.kv_stride, dtype=torch.int64)
-    layer_col = torch.full((count,), view.layer_stride, dtype=torch.int64)
+    obj_col = lmc.address + pos * lmc.row_stride
+    plans = engine_plans(geom)
     for plan in plans:
         engine_col = blocks * plan.eng_block_stride + offsets * plan.eng_row_stride
-        plan.work = torch.stack([engine_col, obj_col, kv_col, layer_col], dim=1)
+        plan.work = torch.stack(
+            [engine_col, obj_col, _column(count, lmc.kv_stride), _column(count, lmc.layer_stride)],
+            dim=1,
+        )
         plan.rows = 1
-        plan.obj_row_stride = view.row_stride
-        plan.obj_head_stride = view.head_stride
-        plan.to_engine = to_engine
+        plan.obj_row_stride, plan.obj_head_stride = lmc.row_stride, lmc.head_stride
+        plan.to_engine = job.to_engine
     return plans
+
+
+class PlanKernels(KVKernels):
+    """Block and slot copies as ``kv_copy`` plans; subclasses say how plans execute."""
+
+    def execute(self, plans: Sequence[CopyPlan], device: torch.device) -> None:
+        raise NotImplementedError
+
+    def copy_blocks(self, job: BlockCopy) -> None:
+        self.execute(block_plans(job), job.geom.device)
+
+    def copy_slots(self, job: SlotCopy) -> None:
+        self.execute(slot_plans(job), job.geom.device)

@@ -25,8 +25,9 @@ import torch
 
 from lmcache.v1.multiprocess.kv_layout import KVLayout
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
+from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
-from lmcache.v1.platform.torch_ops._kv_format import PagedLayout, paged_layout_from_tensors
+from lmcache.v1.platform.torch_ops.plan import PagedLayout, paged_layout_from_tensors
 
 # The engine layouts the MP server's ``KVLayout`` understands.
 _SERVER_FORMATS = (EngineKVFormat.NL_X_TWO_NB_BS_NH_HS, EngineKVFormat.NL_X_NB_BS_HS)
@@ -58,9 +59,7 @@ def _infer_format(tensors: Sequence[torch.Tensor], hint: Any) -> EngineKVFormat:
 
 
 def _block_size(tensor: torch.Tensor, fmt: EngineKVFormat) -> int:
-    from lmcache.v1.platform.torch_ops._kv_format import _format_spec
-
-    dims = _format_spec(fmt).dims
+    dims = format_spec(fmt).dims
     return int(tensor.shape[dims.index("BS")]) if "BS" in dims else 1
 
 
@@ -192,7 +191,7 @@ class CudaCacheContext(BaseCacheContext):
         backend) the copy must follow; the returned event completes with the copy. Only
         streams wait: the host never blocks here.
         """
-        from lmcache.v1.platform._device_detect import get_device_spec
+        from lmcache.v1.platform import get_device_spec
 
         spec = get_device_spec("cuda")
         ops = spec.get_ops() if spec is not None else None
@@ -239,10 +238,8 @@ class CudaCacheContext(BaseCacheContext):
         return status
 
 
-def _spec(fmt: EngineKVFormat) -> Any:
-    from lmcache.v1.platform.torch_ops._kv_format import _format_spec
-
-    return _format_spec(fmt)
+def _spec(fmt: EngineKVFormat) -> KVFormatSpec:
+    return format_spec(fmt)
 
 
 def _baseline_block_transfer(*args: Any) -> None:

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
-import os
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
 
-from lmcache.v1.platform.base.device_ops import DeviceOps
+from lmcache.v1.platform.kernel_kit.native_loader import NativeDeviceOps, NativeModuleLoader
 
 logger = logging.getLogger(__name__)
 
 NATIVE_OPS_MODULE = "lmcache_cuda.native_ops"
 DISABLE_NATIVE_ENV_VAR = "LMCACHE_CUDA_DISABLE_NATIVE"
-_BASELINE = "CudaDeviceOps stays on the torch baseline for all ops."
-
-
-def _native_disabled() -> bool:
-    value = os.environ.get(DISABLE_NATIVE_ENV_VAR, "").strip().lower()
-    return value not in ("", "0", "false", "no")
 
 
 def _kernel_problem() -> str:
@@ -39,48 +29,22 @@ def _kernel_problem() -> str:
     return ""
 
 
-@functools.cache
-def load_native_ops() -> ModuleType | None:
-    """The native ops module, or None after exactly one warning per process.
-
-    Cached so the probe launch and the warning happen once however many ops objects exist.
-    """
-    if _native_disabled():
-        logger.warning("%s is set: %s", DISABLE_NATIVE_ENV_VAR, _BASELINE)
-        return None
-    try:
-        module = importlib.import_module(NATIVE_OPS_MODULE)
-        problem = _kernel_problem()
-    except ImportError as exc:  # extension missing (built without nvcc) or unloadable
-        logger.warning(
-            "lmcache_cuda native extension unavailable (%s: %s); %s",
-            type(exc).__name__,
-            exc,
-            _BASELINE,
-        )
-        return None
-    except Exception as exc:  # a driver or runtime failure while probing
-        logger.warning(
-            "lmcache_cuda kernels cannot be probed (%s: %s); %s", type(exc).__name__, exc, _BASELINE
-        )
-        return None
-    if problem:
-        logger.warning("lmcache_cuda kernels unusable here: %s; %s", problem, _BASELINE)
-        return None
-    return module
+# The probe launch and its warning happen once per process, however many ops objects exist.
+load_native_ops = NativeModuleLoader(
+    NATIVE_OPS_MODULE,
+    disable_env_var=DISABLE_NATIVE_ENV_VAR,
+    ops_name="CudaDeviceOps",
+    label="lmcache_cuda",
+    logger=logger,
+    probe=_kernel_problem,
+)
 
 
-class CudaDeviceOps(DeviceOps):
+class CudaDeviceOps(NativeDeviceOps):
     """CUDA ops: native kernels from ``lmcache_cuda.native_ops`` where usable, else torch."""
 
     device_type: ClassVar[str] = "cuda"
-
-    def ensure_native(self) -> None:
-        if self._native_bound:
-            return
-        module = load_native_ops()
-        if module is not None:
-            self.bind_native(module)
+    native_loader = load_native_ops
 
     def tensor_from_ptr(
         self, ptr: int, shape: Sequence[int], dtype: torch.dtype, device: Any = None

@@ -1,28 +1,14 @@
 """The module ``CudaDeviceOps`` hands to ``DeviceOps.bind_native``.
 
-``bind_native`` overlays every public callable and class found here, so this module holds
-exactly the native ops (``torch_ops`` names and signatures) and nothing else. Importing it
-loads the CUDA extension; an ``ImportError`` means the backend stays on the torch baseline.
+``bind_native`` overlays every public callable and class found here: the kit's KV ops over
+the CUDA kernels (``torch_ops`` names and signatures) and nothing else. Importing it loads
+the CUDA extension; an ``ImportError`` means the backend stays on the torch baseline.
 """
 
-from lmcache_cuda._ops import (
-    lmcache_memcpy_async,
-    load_and_reshape_flash,
-    multi_layer_block_kv_transfer,
-    multi_layer_kv_transfer,
-    multi_layer_kv_transfer_unilateral,
-    reshape_and_cache_back_flash,
-    single_layer_kv_transfer,
-    single_layer_kv_transfer_sgl,
-)
+from lmcache.v1.platform.kernel_kit.ops import kv_ops as _kv_ops
+from lmcache_cuda._kernels import CudaKernels as _CudaKernels
 
-__all__ = [
-    "lmcache_memcpy_async",
-    "load_and_reshape_flash",
-    "multi_layer_block_kv_transfer",
-    "multi_layer_kv_transfer",
-    "multi_layer_kv_transfer_unilateral",
-    "reshape_and_cache_back_flash",
-    "single_layer_kv_transfer",
-    "single_layer_kv_transfer_sgl",
-]
+_KV_OPS = _kv_ops(_CudaKernels())
+globals().update(_KV_OPS)
+
+__all__ = sorted(_KV_OPS)

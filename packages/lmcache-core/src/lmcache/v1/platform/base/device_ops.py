@@ -8,9 +8,11 @@ class methods, so whatever the module leaves out keeps using the baseline.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -28,6 +30,28 @@ from lmcache.v1.platform.ops_types import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _delegate_to_baseline(name: str) -> Callable[..., Any]:
+    """A method calling the ``torch_ops`` op ``name``, with that op's exact signature.
+
+    The baseline function is the op's only declaration: its parameters, defaults and
+    documentation are the method's (plus a positional-only ``self``).
+    """
+    declaration = getattr(torch_ops, name)
+
+    @functools.wraps(declaration)
+    def method(self: DeviceOps, *args: Any, **kwargs: Any) -> Any:
+        return getattr(torch_ops, name)(*args, **kwargs)
+
+    signature = inspect.signature(declaration)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[self_param, *signature.parameters.values()]
+    )
+    method.__module__ = __name__
+    method.__qualname__ = f"DeviceOps.{name}"
+    return method
 
 
 class DeviceOps:
@@ -148,52 +172,16 @@ class DeviceOps:
     ) -> torch.Tensor:
         return torch_ops.tensor_from_ptr(ptr, shape, dtype, device)
 
-    # -- KV transfer --------------------------------------------------------------------
-    def multi_layer_block_kv_transfer(
-        self,
-        paged_buffer_ptrs_tensor: Any,
-        lmcache_objects_ptrs: Any,
-        block_ids: Any,
-        device: Any,
-        direction: Any,
-        shape_desc: Any,
-        lmcache_chunk_size: int,
-        engine_kv_format: Any,
-        skip_prefix_n_blocks: int,
-    ) -> None:
-        torch_ops.multi_layer_block_kv_transfer(
-            paged_buffer_ptrs_tensor,
-            lmcache_objects_ptrs,
-            block_ids,
-            device,
-            direction,
-            shape_desc,
-            lmcache_chunk_size,
-            engine_kv_format,
-            skip_prefix_n_blocks,
-        )
-
-    def multi_layer_kv_transfer(self, *args: Any, **kwargs: Any) -> Any:
-        return torch_ops.multi_layer_kv_transfer(*args, **kwargs)
-
-    def multi_layer_kv_transfer_unilateral(self, *args: Any, **kwargs: Any) -> Any:
-        return torch_ops.multi_layer_kv_transfer_unilateral(*args, **kwargs)
-
-    def single_layer_kv_transfer(self, *args: Any, **kwargs: Any) -> Any:
-        return torch_ops.single_layer_kv_transfer(*args, **kwargs)
-
-    def single_layer_kv_transfer_sgl(self, *args: Any, **kwargs: Any) -> Any:
-        return torch_ops.single_layer_kv_transfer_sgl(*args, **kwargs)
-
-    def load_and_reshape_flash(self, *args: Any, **kwargs: Any) -> Any:
-        return torch_ops.load_and_reshape_flash(*args, **kwargs)
-
-    def reshape_and_cache_back_flash(self, *args: Any, **kwargs: Any) -> Any:
-        return torch_ops.reshape_and_cache_back_flash(*args, **kwargs)
-
-    def lmcache_memcpy_async(self, *args: Any) -> Any:
-        # Positional only, like the native binding, which declares no argument names.
-        return torch_ops.lmcache_memcpy_async(*args)
+    # -- KV transfer: declared by the torch_ops functions (see _delegate_to_baseline) ----
+    multi_layer_block_kv_transfer = _delegate_to_baseline("multi_layer_block_kv_transfer")
+    multi_layer_kv_transfer = _delegate_to_baseline("multi_layer_kv_transfer")
+    multi_layer_kv_transfer_unilateral = _delegate_to_baseline("multi_layer_kv_transfer_unilateral")
+    single_layer_kv_transfer = _delegate_to_baseline("single_layer_kv_transfer")
+    single_layer_kv_transfer_sgl = _delegate_to_baseline("single_layer_kv_transfer_sgl")
+    load_and_reshape_flash = _delegate_to_baseline("load_and_reshape_flash")
+    reshape_and_cache_back_flash = _delegate_to_baseline("reshape_and_cache_back_flash")
+    # Positional only, like the native binding, which declares no argument names.
+    lmcache_memcpy_async = _delegate_to_baseline("lmcache_memcpy_async")
 
     # -- CacheGen codec -----------------------------------------------------------------
     def calculate_cdf(self, input_tensor: torch.Tensor, num_bins: int) -> torch.Tensor:

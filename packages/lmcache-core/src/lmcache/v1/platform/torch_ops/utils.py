@@ -25,3 +25,14 @@ def get_gpu_pci_bus_id(device_id: int = 0) -> str | None:
         logger.debug("device %d exposes no PCI location", device_id)
         return None
     return f"{domain:04x}:{bus:02x}:{device:02x}.0"
+
+
+def device_runtime() -> Any:
+    """The CUDA/ROCm runtime library (ctypes), or None when no device is usable.
+
+    Public for backends that call the runtime themselves (host registration); it is not
+    a ``DeviceOps`` op, so it stays out of ``__all__`` and the ``torch_ops`` namespace.
+    """
+    from lmcache.v1.platform.torch_ops._tensor_from_ptr import _device_runtime
+
+    return _device_runtime()
