@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv, unlink_kv
+from mp_server_helpers import CHUNK_SIZE, SMALL_LAYOUT, ServerProcess, Stored, make_kv, unlink_kv
 
 from lmcache.v1.multiprocess import protocol
 from lmcache.v1.multiprocess.client import MPClient, ServerError, ServerUnavailableError, free_url
@@ -269,6 +269,54 @@ def test_worker_killed_lmcache_driven_shm_reclaimed(fault_server: ServerProcess)
     with fault_server.client() as client:
         assert _wait_for(lambda: client.get_stats().lmcache_driven_workers == 0)
     assert _wait_for(lambda: not any(os.path.exists(f"/dev/shm/{s.lstrip('/')}") for s in segments))
+
+
+def _segment_exists(name: str) -> bool:
+    return os.path.exists(f"/dev/shm/{name.lstrip('/')}")
+
+
+def _register_as_fake_peer(server: ServerProcess, segments: list[str]) -> int:
+    """Register another process's KV segments under a new instance id and never call
+    again (no heartbeat), as a careless or hostile peer would; the instance id."""
+    import torch
+
+    from lmcache.v1.platform.cpu.shm import CpuShmTensorWrapper, map_segment
+
+    geo = SMALL_LAYOUT
+    shape = (2, geo["num_blocks"], geo["block_size"], geo["num_heads"], geo["head_size"])
+    nbytes = 2 * geo["num_blocks"] * geo["block_size"] * geo["num_heads"] * geo["head_size"] * 2
+    layers = [map_segment(name, nbytes).view(torch.bfloat16).view(shape) for name in segments]
+    wrappers = [CpuShmTensorWrapper.wrap(layer) for layer in layers]
+    instance_id = int(uuid.uuid4().int % (1 << 31))
+    with server.client() as client:
+        client.register_kv_cache(
+            instance_id, wrappers, "fake-peer", 1, "vllm", {"kv_layout": "NHD"}
+        )
+    return instance_id
+
+
+def test_reaped_fake_peer_leaves_a_live_owners_segments(fault_server: ServerProcess) -> None:
+    """A peer that registers a live worker's segments and goes silent is reaped, but the
+    server must not unlink segments whose creator still runs; once the creator is
+    SIGKILLed and reaped in turn, its segments are unlinked (no leak)."""
+    victim, segments = _spawn_worker(fault_server, "lmcache_driven")
+    try:
+        assert segments and all(_segment_exists(s) for s in segments)
+        fake_id = _register_as_fake_peer(fault_server, segments)
+        assert _wait_for(lambda: f"reaped worker {fake_id}:" in fault_server.log()), (
+            fault_server.log()[-3000:]
+        )
+        assert victim.poll() is None
+        assert all(_segment_exists(s) for s in segments), "a live worker's segment was unlinked"
+        assert fault_server.proc.poll() is None
+        with Stored(fault_server) as stored:
+            assert stored.retrieves_bit_exact()
+    finally:
+        victim.kill()
+        victim.wait(10)
+    assert _wait_for(lambda: not any(_segment_exists(s) for s in segments)), (
+        "the SIGKILLed creator's segments leaked"
+    )
 
 
 def _flood(sock: zmq.Socket[Any], first_uid: int, count: int) -> int:

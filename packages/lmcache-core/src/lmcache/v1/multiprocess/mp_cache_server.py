@@ -187,15 +187,18 @@ class MPCacheServer:
         settings: CacheServerSettings,
         storage: StorageManager,
         device_specs: DeviceSpecLookup | None = None,
-        unlink_segment: Callable[[str], bool] | None = None,
+        unlink_orphaned_segment: Callable[[str], bool] | None = None,
         enable_metrics: bool = True,
     ) -> None:
+        """``unlink_orphaned_segment`` is called for each segment of a reaped worker; it
+        must remove only segments whose creator is provably gone (any peer can register
+        any segment, so the registration proves nothing)."""
         self.settings = settings
         self.chunk_size = settings.chunk_size
         self.storage = storage
         # LMCache-driven workers are served by the DeviceSpec of the device they declare.
         self._device_specs: DeviceSpecLookup = device_specs or get_device_spec
-        self._unlink_segment = unlink_segment
+        self._unlink_orphaned_segment = unlink_orphaned_segment
         allocator = storage.get_memory_allocator()
         self.shm_name: str = getattr(allocator, "shm_name", None) or ""
         self._pool_size = int(allocator.capacity_bytes) if self.shm_name else 0
@@ -461,9 +464,9 @@ class MPCacheServer:
         with worker.lock:  # wait for an in-flight copy into its pages
             names = list(getattr(worker.context, "shm_names", []))
             worker.context.close()
-        if unlink and self._unlink_segment is not None:
+        if unlink and self._unlink_orphaned_segment is not None:
             for name in set(names):
-                self._unlink_segment(name)
+                self._unlink_orphaned_segment(name)
 
     def store(
         self, key: IPCCacheServerKey, instance_id: int, block_ids: list[list[int]], handle: bytes
@@ -1107,7 +1110,8 @@ class MPCacheServer:
             for instance_id, mode in stale:
                 if self._drop_worker(instance_id, mode, unlink=True):
                     logger.warning(
-                        "reaped worker %d: no contact for %.0fs; its shared memory is released",
+                        "reaped worker %d: no contact for %.0fs; its shared memory is unmapped "
+                        "(and unlinked where the segment's creator is gone)",
                         instance_id,
                         timeout,
                     )

@@ -165,7 +165,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     loop must not fill /dev/shm).
     """
     from lmcache.v1.platform import get_device_spec
-    from lmcache.v1.platform.cpu.shm import unlink_segment
+    from lmcache.v1.platform.cpu.shm import unlink_orphaned_segment, unlink_segment
 
     config.validate()
     check_device_selection()
@@ -217,7 +217,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             settings,
             storage,
             get_device_spec,
-            unlink_segment=unlink_segment,
+            unlink_orphaned_segment=unlink_orphaned_segment,
             enable_metrics=not config.disable_metrics,
         )
     except BaseException:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -71,8 +73,109 @@ def _not_shared_error(tensor: torch.Tensor) -> ValueError:
     )
 
 
+# ``lmcache_kv_<pid>-<start time>-<pid namespace>_<random>``: the creating process, so a
+# server reaping a silent worker can tell whether the segment's creator is gone (pid alone
+# is not enough: pids are reused, and a worker in another pid namespace has another pid).
+_CREATOR_NAME = re.compile(r"^/?lmcache_kv_(\d{1,10})-(\d{1,20})-(\d{1,20})_[0-9a-f]{16}$")
+
+
+@dataclass(frozen=True)
+class SegmentCreator:
+    """The process that created a segment: pid, start time (clock ticks after boot, field
+    22 of ``/proc/<pid>/stat``) and pid-namespace inode."""
+
+    pid: int
+    start_ticks: int
+    pid_namespace: int
+
+
+def _process_stat(pid: int | str) -> tuple[str, int]:
+    """(state, start time in clock ticks) of a process; OSError if it cannot be read."""
+    with open(f"/proc/{pid}/stat") as stat:
+        text = stat.read()
+    # The command name (field 2) is in parentheses and may hold spaces or parentheses.
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def _own_pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def current_creator() -> SegmentCreator:
+    """This process, as recorded in the names it gives new segments (0 where unknown)."""
+    try:
+        start = _process_stat("self")[1]
+    except (OSError, ValueError, IndexError):
+        start = 0
+    return SegmentCreator(os.getpid(), start, _own_pid_namespace())
+
+
 def new_segment_name() -> str:
-    return f"{CpuShmTensorWrapper.SHM_NAME_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:16]}"
+    creator = current_creator()
+    return (
+        f"{CpuShmTensorWrapper.SHM_NAME_PREFIX}{creator.pid}-{creator.start_ticks}-"
+        f"{creator.pid_namespace}_{uuid.uuid4().hex[:16]}"
+    )
+
+
+def segment_creator(shm_name: str) -> SegmentCreator | None:
+    """The creator recorded in a segment's name, or None (older or foreign name)."""
+    match = _CREATOR_NAME.match(shm_name)
+    if match is None:
+        return None
+    pid, start, namespace = (int(group) for group in match.groups())
+    return SegmentCreator(pid, start, namespace)
+
+
+def creator_is_gone(shm_name: str) -> bool:
+    """True only when the segment's creator provably no longer runs.
+
+    Unknown creators (names of an older format, or not made by ``new_segment_name``), a
+    creator in another pid namespace, one whose start time was not recorded, and a live
+    process we may not inspect all count as alive: the caller must then leave the segment.
+    """
+    creator = segment_creator(shm_name)
+    if creator is None or creator.start_ticks == 0 or creator.pid <= 0:
+        return False
+    if creator.pid_namespace == 0 or creator.pid_namespace != _own_pid_namespace():
+        return False
+    try:
+        os.kill(creator.pid, 0)
+        ours = True
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        ours = False  # alive, another user's; /proc may still tell a reused pid apart
+    try:
+        state, start = _process_stat(creator.pid)
+    except FileNotFoundError:
+        # Our own process that vanished meanwhile has exited; another user's may only be
+        # hidden from us (``hidepid``), so it counts as alive.
+        return ours
+    except (OSError, ValueError, IndexError):
+        return False
+    # A zombie has dropped its mappings; a different start time means the pid was reused.
+    return state in ("Z", "X") or start != creator.start_ticks
+
+
+def unlink_orphaned_segment(shm_name: str) -> bool:
+    """Unlink a segment whose creator is provably gone; leave any other to its owner.
+
+    The server calls this for the segments of a worker it reaps. Whoever registered a
+    segment need not be its creator (any peer can name any ``lmcache_kv_`` segment), so
+    the registration alone never entitles the server to remove the name.
+    """
+    if not creator_is_gone(shm_name):
+        logger.info(
+            "left shared-memory segment %s to its owner: its creator is not provably gone",
+            shm_name,
+        )
+        return False
+    return unlink_segment(shm_name)
 
 
 def create_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch.Tensor]:
