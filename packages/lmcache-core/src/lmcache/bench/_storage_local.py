@@ -28,7 +28,8 @@ import torch
 from lmcache.bench._output import Bar
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.memory_management import HostMemoryAllocator, MemoryObj
+from lmcache.v1.memory.allocator import HostMemoryAllocator
+from lmcache.v1.memory.base import MemoryObj
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.memory.format import MemoryFormat
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
 
 

@@ -21,7 +21,7 @@ import msgspec
 import torch
 
 from lmcache.utils import CacheEngineKey
-from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.memory.base import MemoryObj
 from lmcache.v1.multiprocess.chunking import (
     ChunkSpan,
     chunk_block_ids,

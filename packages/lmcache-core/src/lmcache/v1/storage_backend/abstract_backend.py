@@ -5,7 +5,7 @@ adds memory allocation (the CPU tier, which every other tier allocates from);
 ``StoragePluginInterface`` (alias ``ConfigurableStorageBackendInterface``) fixes the
 constructor of backends loaded by name from the configuration.
 
-Reference counts follow :mod:`lmcache.v1.memory_management`: ``get_blocking`` returns an
+Reference counts follow :mod:`lmcache.v1.memory.base`: ``get_blocking`` returns an
 object carrying one reference owned by the caller, who calls ``ref_count_down()`` when done.
 """
 
@@ -21,7 +21,8 @@ import torch
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
-from lmcache.v1.memory_management import MemoryAllocatorInterface, MemoryFormat, MemoryObj
+from lmcache.v1.memory.base import MemoryAllocatorInterface, MemoryObj
+from lmcache.v1.memory.format import MemoryFormat
 
 if TYPE_CHECKING:
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend

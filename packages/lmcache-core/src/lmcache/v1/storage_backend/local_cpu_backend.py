@@ -20,14 +20,9 @@ import torch
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
-from lmcache.v1.memory_management import (
-    HostMemoryAllocator,
-    MemoryAllocatorInterface,
-    MemoryFormat,
-    MemoryObj,
-    normalize_shapes_dtypes,
-    part_offsets,
-)
+from lmcache.v1.memory.allocator import HostMemoryAllocator
+from lmcache.v1.memory.base import MemoryAllocatorInterface, MemoryObj
+from lmcache.v1.memory.format import MemoryFormat, normalize_shapes_dtypes, part_offsets
 from lmcache.v1.storage_backend.abstract_backend import AllocatorBackendInterface
 from lmcache.v1.storage_backend.cache_policy import get_cache_policy
 

@@ -59,13 +59,9 @@ import torch
 
 from lmcache.utils import CacheEngineKey, dtype_to_str, parse_cache_key, str_to_dtype
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
-from lmcache.v1.memory_management import (
-    MemoryFormat,
-    MemoryObj,
-    MemoryObjMetadata,
-    TensorMemoryObj,
-    part_offsets,
-)
+from lmcache.v1.memory.base import MemoryObj, MemoryObjMetadata
+from lmcache.v1.memory.format import MemoryFormat, part_offsets
+from lmcache.v1.memory.objects import TensorMemoryObj
 from lmcache.v1.storage_backend.abstract_backend import (
     AllocatorBackendInterface,
     StorageBackendInterface,

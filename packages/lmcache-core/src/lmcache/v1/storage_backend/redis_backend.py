@@ -42,7 +42,8 @@ import torch
 
 from lmcache.utils import CacheEngineKey, str_to_dtype
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
-from lmcache.v1.memory_management import MemoryFormat, MemoryObj, part_offsets
+from lmcache.v1.memory.base import MemoryObj
+from lmcache.v1.memory.format import MemoryFormat, part_offsets
 from lmcache.v1.storage_backend.abstract_backend import (
     AllocatorBackendInterface,
     StoragePluginInterface,

@@ -23,7 +23,8 @@ import torch
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
-from lmcache.v1.memory_management import MemoryAllocatorInterface, MemoryFormat, MemoryObj
+from lmcache.v1.memory.base import MemoryAllocatorInterface, MemoryObj
+from lmcache.v1.memory.format import MemoryFormat
 from lmcache.v1.storage_backend.abstract_backend import (
     AllocatorBackendInterface,
     StorageBackendInterface,

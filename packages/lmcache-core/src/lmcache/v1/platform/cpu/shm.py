@@ -179,19 +179,25 @@ def unlink_orphaned_segment(shm_name: str) -> bool:
 
 
 def create_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch.Tensor]:
-    """A new zero-filled segment mapped as a flat uint8 tensor (MAP_SHARED)."""
+    """A new zero-filled segment mapped as a flat uint8 tensor (MAP_SHARED).
+
+    The one place that creates POSIX shm segments (the L1 allocator's buffer comes here
+    through :mod:`lmcache.v1.memory.shm`): a segment that cannot be sized or mapped is
+    unlinked before the error propagates, so a failed creation leaves no name behind.
+    """
     name = shm_name or new_segment_name()
     path = _segment_path(name)
     size = max(1, int(nbytes))
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, size)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return name, torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
     except BaseException:
-        os.close(fd)
         os.unlink(path)
         raise
-    os.close(fd)
-    return name, torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
 
 def map_segment(shm_name: str, nbytes: int) -> torch.Tensor:
