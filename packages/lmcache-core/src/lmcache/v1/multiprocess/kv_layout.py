@@ -14,18 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from lmcache.v1.memory.format import MemoryFormat
+from lmcache.v1.platform.base.ipc_wrapper import dtype_to_str as dtype_name  # noqa: F401 - re-exported
+from lmcache.v1.platform.base.ipc_wrapper import str_to_dtype as dtype_from_name
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {name!r}")
-    return dtype
 
 
 @dataclasses.dataclass(frozen=True)

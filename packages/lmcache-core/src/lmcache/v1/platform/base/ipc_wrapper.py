@@ -61,13 +61,19 @@ def _import_backend_wrappers() -> None:
 
 
 def dtype_to_str(dtype: torch.dtype) -> str:
+    """torch's own dtype name without the module (``float16``), as sent on the MP wire.
+
+    Not :func:`lmcache.utils.dtype_to_str`, whose short names (``half``) are part of
+    cache keys and on-disk headers.
+    """
     return str(dtype).removeprefix("torch.")
 
 
 def str_to_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
+    """Inverse of :func:`dtype_to_str`; a ``torch.`` prefix is accepted too."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {name!r} in IPC wrapper metadata")
+        raise ValueError(f"unknown torch dtype {name!r}")
     return dtype
 
 
