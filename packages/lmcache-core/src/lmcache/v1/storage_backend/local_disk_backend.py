@@ -17,6 +17,9 @@ Each file holds one chunk in the format of :mod:`lmcache.v1.storage_backend.chun
 length or payload checksum does not match -- or whose checksum algorithm this process
 cannot compute -- is logged, deleted and reported as a miss; a reader never sees its bytes.
 
+Evictions (files dropped to make room, including at start-up when the folder holds more
+than the tier's size) are counted in :attr:`LocalDiskBackend.evictions`.
+
 This module also re-exports the names of the chunk format and folder modules it was split
 from, so ``lmcache.v1.storage_backend.local_disk_backend`` keeps every name it had.
 """
@@ -154,6 +157,7 @@ class LocalDiskBackend(StorageBackendInterface):
         self._policy = get_cache_policy(self.config.cache_policy)
         self._put_tasks: dict[CacheEngineKey, Future] = {}
         self._used = 0
+        self._evictions = 0
         self._rebuild_index()
 
     def _pick_path(self) -> str:
@@ -314,6 +318,7 @@ class LocalDiskBackend(StorageBackendInterface):
             return False
         for key in victims:
             self._drop_locked(key)
+        self._evictions += len(victims)
         return True
 
     def _drop_locked(self, key: CacheEngineKey) -> None:
@@ -474,6 +479,11 @@ class LocalDiskBackend(StorageBackendInterface):
     @property
     def used_bytes(self) -> int:
         return self._used
+
+    @property
+    def evictions(self) -> int:
+        """Files dropped to make room since the tier started (removals are not counted)."""
+        return self._evictions
 
     def __len__(self) -> int:
         return len(self._index)
