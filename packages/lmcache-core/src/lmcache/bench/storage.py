@@ -157,7 +157,8 @@ def _wait_for_port(port: int, timeout_s: float = 10.0) -> None:
 
 
 def _bench_redis(args: argparse.Namespace, bar: Bar) -> tuple[list[Any], dict[str, Any]]:
-    from lmcache.v1.storage_backend.redis_backend import RedisBackend, RedisSettings
+    from lmcache.v1.storage_backend.redis.backend import RedisBackend
+    from lmcache.v1.storage_backend.redis.settings import RedisSettings
 
     with _private_redis() if args.url is None else _given(args.url) as url:
         dtype = DTYPES[args.dtype]

@@ -43,8 +43,8 @@ from lmcache.v1.multiprocess.mp_cache_server import CacheServerSettings, MPCache
 from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.security import admin_policy, rpc_reach, warn_if_exposed
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
+from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-from lmcache.v1.storage_backend.local_disk_backend import inspect_disk_folder
 from lmcache.v1.storage_backend.storage_manager import (
     L1_NAME,
     StorageManager,
@@ -288,7 +288,7 @@ def parse_l2_adapter(raw: str) -> dict[str, Any]:
         raise ValueError(f"--l2-adapter {raw!r} is not valid JSON: {exc}") from exc
     if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
         raise ValueError(f'--l2-adapter {raw!r} must be a JSON object with a "type"')
-    from lmcache.v1.storage_backend.redis_backend import L2_ADAPTER_TYPES
+    from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES
 
     known = (*L2_ADAPTER_TYPES, *_DISK_ADAPTER_TYPES)
     if spec["type"] not in known:
@@ -333,7 +333,8 @@ def _disk_adopt(config: MPServerConfig, adapters: list[dict[str, Any]]) -> bool:
 def _add_remote_adapters(
     adapters: list[dict[str, Any]], backends: OrderedDict[str, StorageBackendInterface]
 ) -> None:
-    from lmcache.v1.storage_backend.redis_backend import L2_ADAPTER_TYPES, create_from_l2_adapter
+    from lmcache.v1.storage_backend.redis.factory import create_from_l2_adapter
+    from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES
 
     cpu = backends[L1_NAME]
     assert isinstance(cpu, LocalCPUBackend)

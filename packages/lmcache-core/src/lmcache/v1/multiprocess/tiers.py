@@ -1,17 +1,14 @@
 """What the server reports about its storage tiers: usage, evictions and health.
 
 The storage layer knows nothing of the server (dependencies point inward), so the server
-reads the tiers through their public attributes and, for evictions, wraps each bounded
-tier's eviction policy in :class:`EvictionCounter`: every ``on_remove`` the tier makes is an
-eviction unless the server itself is removing keys (``clear``), which it says with
-:meth:`EvictionCounter.explicit`.
+reads the tiers through their public attributes; the bounded tiers count their own
+evictions (``evictions``: objects dropped to make room, never removals the server asks for).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,44 +19,28 @@ _PROBE_PREFIX = ".lmcache-health-"
 
 
 class EvictionCounter:
-    """Proxy of a tier's cache policy that counts evictions (removals the server did not ask)."""
+    """A tier's eviction count as the server reports it (the tier counts: ``evictions``)."""
 
-    def __init__(self, policy: Any) -> None:
-        self._policy = policy
-        self.evictions = 0
-        self._explicit = threading.local()
+    def __init__(self, tier: Any) -> None:
+        self._tier = tier
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
-
-    def __len__(self) -> int:
-        return len(self._policy)
-
-    def on_remove(self, key: Any) -> None:
-        if not getattr(self._explicit, "active", False):
-            self.evictions += 1  # called under the tier's lock
-        self._policy.on_remove(key)
+    @property
+    def evictions(self) -> int:
+        return int(self._tier.evictions)
 
     @contextlib.contextmanager
     def explicit(self) -> Iterator[None]:
-        self._explicit.active = True
-        try:
-            yield
-        finally:
-            self._explicit.active = False
+        """Removals the server asks for; tiers never count them, so nothing to do."""
+        yield
 
 
 def install_eviction_counters(storage: StorageManager) -> dict[str, EvictionCounter]:
-    """Wrap the policy of every tier that has one; returns the counters by tier name."""
-    counters: dict[str, EvictionCounter] = {}
-    for name, backend in storage.storage_backends.items():
-        policy = getattr(backend, "_policy", None)
-        if policy is None or isinstance(policy, EvictionCounter):
-            continue
-        counter = EvictionCounter(policy)
-        backend._policy = counter  # type: ignore[attr-defined]
-        counters[name] = counter
-    return counters
+    """A counter for every tier that reports evictions, by tier name."""
+    return {
+        name: EvictionCounter(backend)
+        for name, backend in storage.storage_backends.items()
+        if isinstance(getattr(backend, "evictions", None), int)
+    }
 
 
 def tier_kind(name: str, backend: Any) -> str:

@@ -2,7 +2,8 @@
 
 Objects stored here live in this backend's allocator; objects from elsewhere are copied in
 on put.  Eviction follows the configured policy but never touches an object that is
-pinned or still referenced by a reader (``MemoryObj.can_evict``).  When nothing can be
+pinned or still referenced by a reader (``MemoryObj.can_evict``); the tier counts its
+evictions (:attr:`LocalCPUBackend.evictions`).  When nothing can be
 evicted, ``allocate(..., busy_loop=True)`` sleeps on the allocator's free notification
 (re-checking at least every 50 ms for unpins) until ``blocking_timeout_secs`` runs out.
 """
@@ -61,6 +62,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
         )
         self._hot: dict[CacheEngineKey, MemoryObj] = {}
         self._policy = get_cache_policy(self.config.cache_policy)
+        self._evictions = 0
         self._lock = threading.Lock()
         self._timeout_s = float(self.config.blocking_timeout_secs)
         self._closed = False
@@ -131,6 +133,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
                     return None
                 for key in victims:
                     self._drop_locked(key)
+                self._evictions += len(victims)
 
     def _pick_victims(self, nbytes: int) -> list[CacheEngineKey]:
         victims: list[CacheEngineKey] = []
@@ -312,6 +315,12 @@ class LocalCPUBackend(AllocatorBackendInterface):
     @property
     def capacity_bytes(self) -> int:
         return self.memory_allocator.capacity_bytes
+
+    @property
+    def evictions(self) -> int:
+        """Objects evicted to make room since the tier started; removals and ``close``
+        are not evictions."""
+        return self._evictions
 
     def close(self) -> None:
         with self._lock:

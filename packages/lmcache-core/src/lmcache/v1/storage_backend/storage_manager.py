@@ -72,7 +72,8 @@ def _add_remote_backend(
     backends: OrderedDict[str, StorageBackendInterface],
 ) -> None:
     """``remote_url`` redis:// or rediss:// -> the Redis tier as "RemoteBackend"."""
-    from lmcache.v1.storage_backend.redis_backend import RedisBackend, is_redis_url
+    from lmcache.v1.storage_backend.redis.backend import RedisBackend
+    from lmcache.v1.storage_backend.redis.settings import is_redis_url
 
     if not is_redis_url(config.remote_url):
         logger.warning("remote_url %r: no remote backend for it; ignored", config.remote_url)

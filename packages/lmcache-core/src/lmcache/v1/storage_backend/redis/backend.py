@@ -1,0 +1,418 @@
+"""Remote tier on Redis (RESP): one node or a Redis Cluster, shared by many servers.
+
+Each chunk is one Redis string: the disk tier's chunk format (see
+:mod:`lmcache.v1.storage_backend.chunk_format`: ``LMCD`` prefix, version, checksum
+algorithm, JSON header with key, shapes, dtypes and memory format, XXH3-64 -- or CRC-32 --
+sums of header and payload) followed by the raw bytes.  Nothing is pickled.  A value whose
+checksum, length or embedded key does not match is a miss and is deleted.
+
+Redis key: ``<namespace>:{<chunk hash>}:<CacheEngineKey string>``.  The braces are a
+Redis Cluster hash tag: every key of one chunk (all workers, all layers) lands in one
+slot, and a chunk's value is a single key, so it never spans slots.
+
+Every batch is one pipeline: a prefix lookup of N keys is N ``EXISTS`` in one round trip
+(one per shard in cluster mode; the prefix is computed over the merged answers), gets are
+one ``MGET`` (per-shard ``GET`` pipelines in cluster mode), puts are ``SET NX [PX ttl]``
+pipelines run on a small thread pool.  Round trips are counted by the connections
+themselves (:attr:`RedisBackend.stats`).
+
+Failures never reach the caller: while Redis is unreachable lookups and gets are misses and
+puts are dropped and counted; the tier probes again every ``retry_interval_s`` and resumes
+on its own.  At start an unreachable Redis is an error, or a warning when ``optional``.
+
+Configuration: :class:`~.settings.RedisSettings` (``extra_config["storage_plugin.redis.
+<option>"]``, ``remote_url``, or the server's ``--l2-adapter '{"type": "resp", ...}'`` JSON).
+Connections and the breaker: :mod:`.connection`; per-shard dispatch: :mod:`.cluster`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
+from lmcache.v1.memory.base import MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import (
+    AllocatorBackendInterface,
+    StoragePluginInterface,
+)
+from lmcache.v1.storage_backend.chunk_format import (
+    CorruptFileError,
+    DecodedValue,
+    allocate_for_read,
+    decode_value,
+)
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.redis.breaker import CircuitBreaker, RedisStats
+from lmcache.v1.storage_backend.redis.cluster import UNREACHED, ShardedConnections
+from lmcache.v1.storage_backend.redis.codec import EncodeBuffer, put_batches
+from lmcache.v1.storage_backend.redis.connection import (
+    aclose_quietly,
+    counting_connection_classes,
+)
+from lmcache.v1.storage_backend.redis.settings import RedisSettings
+
+logger = logging.getLogger(__name__)
+
+
+class RedisBackend(ShardedConnections, StoragePluginInterface):
+    """The Redis tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator)."""
+
+    def __init__(
+        self,
+        dst_device: str = "cpu",
+        config: LMCacheEngineConfig | None = None,
+        metadata: LMCacheMetadata | None = None,
+        local_cpu_backend: LocalCPUBackend | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        settings: RedisSettings | None = None,
+    ) -> None:
+        super().__init__(dst_device, config, metadata, local_cpu_backend, loop)
+        try:
+            import redis  # noqa: F401 - fail early with the install hint
+        except ImportError:
+            raise ImportError(
+                "the Redis tier needs redis-py: pip install 'lmcache-core[redis]'"
+            ) from None
+        if settings is None:
+            settings = RedisSettings.from_config(config or LMCacheEngineConfig())
+        self.settings = settings
+        self.stats = RedisStats()
+        self._availability = CircuitBreaker(settings.retry_interval_s, self.stats)
+        self._shard_breakers: dict[str, CircuitBreaker] = {}
+        self._classes = counting_connection_classes(self.stats)
+        self._prefix = f"{settings.namespace}:"
+        self._client_lock = threading.Lock()
+        self._client: Any = None
+        self._aclient: Any = None
+        self._pins: dict[CacheEngineKey, int] = {}
+        self._put_tasks: dict[CacheEngineKey, Future] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.put_workers, thread_name_prefix="lmc-redis-put"
+        )
+        self._encoder = EncodeBuffer()
+        self._closed = False
+        self._connect_at_start()
+
+    def __str__(self) -> str:
+        mode = "cluster" if self.settings.cluster else "node"
+        return f"RedisBackend({self.settings.redacted()['url']}, {mode})"
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def redis_key(self, key: CacheEngineKey) -> str:
+        """Redis key of ``key``; the ``{chunk hash}`` hash tag keeps a chunk in one slot."""
+        return f"{self._prefix}{{{key.chunk_hash_hex}}}:{key.to_string()}"
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def _exists_pipeline(self, client: Any, names: list[str]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.exists(name)
+        return list(pipe.execute(raise_on_error=False))
+
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        """Leading stored keys: N ``EXISTS`` in one pipeline (one round trip per shard)."""
+        if not keys:
+            return 0
+        names = [self.redis_key(k) for k in keys]
+        if self.settings.cluster:
+            answers = self._run_sharded(
+                names, lambda c, idx: self._exists_pipeline(c, [names[i] for i in idx]), "lookup"
+            )
+        else:
+            answers = self._run(lambda c: self._exists_pipeline(c, names), "lookup")
+        return self._prefix_hits(keys, answers, pin)
+
+    def _prefix_hits(self, keys: list[CacheEngineKey], answers: list[Any] | None, pin: bool) -> int:
+        if answers is None:
+            return 0
+        hits = 0
+        for answer in answers:
+            if not (isinstance(answer, int) and answer > 0):
+                break
+            hits += 1
+        if pin and hits:
+            with self._lock:
+                for key in keys[:hits]:
+                    self._pins[key] = self._pins.get(key, 0) + 1
+        return hits
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        return self.batched_contains([key], pin=pin) == 1
+
+    # -- gets ---------------------------------------------------------------------------------
+
+    def _fetch(self, client: Any, names: list[str]) -> list[Any]:
+        if not self.settings.cluster:
+            return list(client.mget(names))
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.get(name)
+        return list(pipe.execute(raise_on_error=False))
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        return self.batched_get_blocking([key])[0]
+
+    def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        if not keys:
+            return []
+        self._wait_for_pending(keys)
+        names = [self.redis_key(k) for k in keys]
+        if self.settings.cluster:
+            values = self._run_sharded(
+                names, lambda c, idx: self._fetch(c, [names[i] for i in idx]), "get"
+            )
+        else:
+            values = self._run(lambda c: self._fetch(c, names), "get")
+        return self._materialize(keys, values)
+
+    def _materialize(
+        self, keys: list[CacheEngineKey], values: list[Any] | None
+    ) -> list[MemoryObj | None]:
+        if values is None:
+            self.stats.add(misses=len(keys))
+            return [None] * len(keys)
+        results: list[MemoryObj | None] = []
+        corrupt: list[str] = []
+        for key, value in zip(keys, values):
+            obj = None
+            if isinstance(value, bytes):
+                try:
+                    obj = self._to_memory_obj(decode_value(key, value))
+                except CorruptFileError as exc:
+                    logger.warning("corrupt redis value for %s (%s): deleted", key, exc)
+                    corrupt.append(self.redis_key(key))
+            results.append(obj)
+        hits = sum(obj is not None for obj in results)
+        self.stats.add(hits=hits, misses=len(keys) - hits, corrupt=len(corrupt))
+        if corrupt:
+            self._run(lambda c: self._delete_names(c, corrupt), "delete")
+        return results
+
+    def _to_memory_obj(self, value: DecodedValue) -> MemoryObj | None:
+        obj = allocate_for_read(self.local_cpu_backend, value.shapes, value.dtypes, value.fmt)
+        if obj is None:
+            logger.warning("no memory to read a %d-byte chunk from redis", len(value.payload))
+            return None
+        if value.used_size is not None:
+            obj.set_used_size(int(value.used_size))
+        obj.byte_array[:] = value.payload
+        return obj
+
+    # -- asyncio path -------------------------------------------------------------------------
+
+    async def batched_async_contains(
+        self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False
+    ) -> int:
+        if not keys:
+            return 0
+        names = [self.redis_key(k) for k in keys]
+
+        async def op(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.exists(name)
+            return list(await pipe.execute(raise_on_error=False))
+
+        return self._prefix_hits(keys, await self._run_async(op, "lookup"), pin)
+
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list[CacheEngineKey], transfer_spec: Any = None
+    ) -> list[MemoryObj]:
+        if not keys:
+            return []
+        names = [self.redis_key(k) for k in keys]
+
+        async def op(client: Any) -> list[Any]:
+            if not self.settings.cluster:
+                return list(await client.mget(names))
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            return list(await pipe.execute(raise_on_error=False))
+
+        results = self._materialize(keys, await self._run_async(op, "get"))
+        objs: list[MemoryObj] = []
+        for obj in results:
+            if obj is None:
+                break
+            objs.append(obj)
+        for obj in results[len(objs) :]:
+            if obj is not None:
+                obj.ref_count_down()
+        return objs
+
+    # -- puts ---------------------------------------------------------------------------------
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            return key in self._put_tasks
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: list[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> list[Future] | None:
+        """Queue ``SET NX`` pipelines; futures never raise (failed puts are counted)."""
+        if len(keys) != len(objs):
+            raise ValueError(f"{len(keys)} keys but {len(objs)} objects")
+        futures: list[Future] = []
+        for batch in put_batches(list(zip(keys, objs)), self.settings.max_batch_bytes):
+            with self._lock:
+                batch = [(k, o) for k, o in batch if k not in self._put_tasks]
+                if not batch:
+                    continue
+                for _, obj in batch:
+                    obj.ref_count_up()  # released once the value is encoded
+                future = self._executor.submit(self._put_batch, batch, on_complete_callback)
+                for key, _ in batch:
+                    self._put_tasks[key] = future
+            futures.append(future)
+        return futures
+
+    def _put_batch(
+        self,
+        batch: list[tuple[CacheEngineKey, MemoryObj]],
+        on_complete_callback: Callable[[CacheEngineKey], None] | None,
+    ) -> None:
+        keys = [key for key, _ in batch]
+        values: list[memoryview] = []
+        try:
+            try:
+                values = self._encoder.encode(batch)
+            finally:
+                for _, obj in batch:
+                    obj.ref_count_down()
+            stored = self._store(keys, values)
+        except Exception:
+            logger.exception("redis put of %d chunks failed", len(keys))
+            stored = None
+        finally:
+            with self._lock:
+                for key in keys:
+                    self._put_tasks.pop(key, None)
+        if stored is None:
+            self.stats.add(puts_dropped=len(keys))
+            return
+        landed = [i for i, answer in enumerate(stored) if answer is not UNREACHED]
+        self.stats.add(
+            puts=len(landed),
+            puts_dropped=len(keys) - len(landed),
+            put_bytes=sum(len(values[i]) for i in landed),
+        )
+        if on_complete_callback is not None:
+            for i in landed:
+                on_complete_callback(keys[i])
+
+    def _store(self, keys: list[CacheEngineKey], values: list[memoryview]) -> list[Any] | None:
+        """SET NX answers per key (:data:`UNREACHED` for a cluster shard that is down);
+        None if nothing could be stored."""
+        ttl_ms = int(self.settings.ttl_s * 1000) if self.settings.ttl_s is not None else None
+        names = [self.redis_key(key) for key in keys]
+
+        def op(client: Any, indices: Sequence[int]) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for i in indices:
+                # NX: the first value of a key wins (keys name content, so a second
+                # writer has nothing new to say) and readers never see a value change.
+                pipe.set(names[i], values[i], nx=True, px=ttl_ms)
+            answers = list(pipe.execute(raise_on_error=False))
+            failed = [a for a in answers if isinstance(a, Exception)]
+            if failed:
+                raise failed[0]
+            return answers
+
+        if self.settings.cluster:
+            return self._run_sharded(names, op, "put", unreached=UNREACHED)
+        return self._run(lambda c: op(c, range(len(keys))), "put")  # type: ignore[no-any-return]
+
+    def _wait_for_pending(self, keys: list[CacheEngineKey]) -> None:
+        with self._lock:
+            pending = {id(f): f for k in keys if (f := self._put_tasks.get(k)) is not None}
+        for future in pending.values():
+            future.exception()
+
+    def wait_for_puts(self) -> None:
+        """Block until every submitted put has finished (tests, shutdown, benchmarks)."""
+        with self._lock:
+            pending = {id(f): f for f in self._put_tasks.values()}
+        for future in pending.values():
+            future.exception()
+
+    # -- pins and removal ---------------------------------------------------------------------
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        """Pins are local to this process: they stop :meth:`remove` without ``force``;
+        Redis itself may still expire (TTL) or evict (maxmemory) the entry."""
+        return self.contains(key, pin=True)
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            count = self._pins.get(key, 0)
+            if count == 0:
+                return False
+            if count == 1:
+                del self._pins[key]
+            else:
+                self._pins[key] = count - 1
+            return True
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        return self.batched_remove([key], force=force) == 1
+
+    def batched_remove(self, keys: list[CacheEngineKey], force: bool = True) -> int:
+        self._wait_for_pending(keys)
+        with self._lock:
+            if not force:
+                keys = [k for k in keys if not self._pins.get(k)]
+            for key in keys:
+                self._pins.pop(key, None)
+        if not keys:
+            return 0
+        names = [self.redis_key(k) for k in keys]
+        answers = self._run(lambda c: self._delete_names(c, names), "delete")
+        return sum(int(a) for a in answers or [] if isinstance(a, int))
+
+    @staticmethod
+    def _delete_names(client: Any, names: list[str]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.delete(name)
+        return list(pipe.execute(raise_on_error=False))
+
+    # -- misc ---------------------------------------------------------------------------------
+
+    def get_allocator_backend(self) -> AllocatorBackendInterface:
+        if self.local_cpu_backend is None:
+            raise RuntimeError("RedisBackend was built without a LocalCPUBackend")
+        return self.local_cpu_backend
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.wait_for_puts()
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                logger.debug("closing the redis client failed", exc_info=True)
+        aclient, self._aclient = self._aclient, None
+        if aclient is not None and self.loop is not None and not self.loop.is_closed():
+            if self.loop.is_running():
+                asyncio.run_coroutine_threadsafe(aclose_quietly(aclient), self.loop)
+            else:
+                self.loop.run_until_complete(aclose_quietly(aclient))
