@@ -51,7 +51,7 @@ def registered_ipc_wrappers() -> dict[str, type[DeviceIPCWrapper]]:
 
 def _import_backend_wrappers() -> None:
     """Import the ``ipc_wrapper_cls`` of every registered device backend."""
-    from lmcache.v1.platform._device_detect import get_registry
+    from lmcache.v1.platform.registry import get_registry
 
     for backend in get_registry().backends.values():
         try:
