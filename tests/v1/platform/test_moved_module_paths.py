@@ -35,3 +35,31 @@ def test_seed_style_from_import_of_the_old_registry_name() -> None:
     assert build_registry is registry.build_registry
     assert get_registry is registry.get_registry
     assert select_backend is registry.select_backend
+
+
+def test_upstream_transfer_mode_path_is_the_platform_enum() -> None:
+    from lmcache.v1.multiprocess.transfer_mode import (
+        ENV_MP_TRANSFER_MODE,
+        MPTransferMode,
+        resolve_transfer_mode,
+    )
+    from lmcache.v1.platform import transfer_mode
+
+    assert MPTransferMode is transfer_mode.MPTransferMode
+    assert resolve_transfer_mode is transfer_mode.resolve_transfer_mode
+    assert ENV_MP_TRANSFER_MODE == transfer_mode.ENV_MP_TRANSFER_MODE == "LMCACHE_MP_TRANSFER_MODE"
+    assert MPTransferMode.parse("LMCACHE_DRIVEN") is MPTransferMode.LMCACHE_DRIVEN
+
+
+def test_server_kv_layout_path_is_the_platform_class() -> None:
+    import torch
+
+    from lmcache.v1.memory_management import MemoryFormat
+    from lmcache.v1.multiprocess.kv_layout import KVLayout, chunk_memory_format
+    from lmcache.v1.platform import kv_layout
+
+    assert KVLayout is kv_layout.KVLayout
+    paged = KVLayout.from_tensors([torch.zeros(2, 4, 16, 2, 8)] * 3)
+    mla = KVLayout.from_tensors([torch.zeros(4, 16, 8)] * 3)
+    assert chunk_memory_format(paged) is MemoryFormat.KV_2LTD
+    assert chunk_memory_format(mla) is MemoryFormat.KV_MLA_FMT
