@@ -63,3 +63,14 @@ def test_server_kv_layout_path_is_the_platform_class() -> None:
     mla = KVLayout.from_tensors([torch.zeros(4, 16, 8)] * 3)
     assert chunk_memory_format(paged) is MemoryFormat.KV_2LTD
     assert chunk_memory_format(mla) is MemoryFormat.KV_MLA_FMT
+
+
+def test_engine_kv_format_is_one_enum_under_both_names() -> None:
+    from lmcache.v1.platform import kv_formats, ops_types
+
+    assert ops_types.EngineKVFormat is kv_formats.EngineKVFormat
+    assert ops_types.GPUKVFormat is kv_formats.EngineKVFormat
+    fmt = kv_formats.EngineKVFormat.NL_X_TWO_NB_BS_NH_HS
+    assert ops_types.is_layer_list(fmt) and not ops_types.is_mla(fmt)
+    with pytest.raises(ValueError, match="unsupported engine_kv_format"):
+        ops_types.is_mla(999)

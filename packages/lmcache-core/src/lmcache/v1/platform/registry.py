@@ -44,6 +44,8 @@ from types import ModuleType
 from typing import Any
 
 from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.base.event_ipc import set_active_device_resolver
+from lmcache.v1.platform.base.ipc_wrapper import set_backend_wrapper_importer
 
 logger = logging.getLogger(__name__)
 
@@ -527,3 +529,16 @@ def get_device_spec(device_type: str) -> DeviceSpec | None:
         if backend.backend_name == device_type:
             return backend.spec
     return None
+
+
+def import_backend_ipc_wrappers() -> None:
+    """Import the ``ipc_wrapper_cls`` of every registered backend (they register on import)."""
+    for backend in get_registry().backends.values():
+        try:
+            backend.spec.ipc_wrapper_cls  # noqa: B018 - imported for its registration
+        except Exception as exc:
+            logger.debug("backend %r: ipc_wrapper_cls unavailable: %s", backend.backend_name, exc)
+
+
+set_backend_wrapper_importer(import_backend_ipc_wrappers)
+set_active_device_resolver(get_torch_device)

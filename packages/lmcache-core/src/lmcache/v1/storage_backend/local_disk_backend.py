@@ -730,7 +730,7 @@ class LocalDiskBackend(StorageBackendInterface):
 
 
 def allocate_for_read(
-    local_cpu_backend: LocalCPUBackend | None,
+    local_cpu_backend: AllocatorBackendInterface | None,
     shapes: list[torch.Size],
     dtypes: list[torch.dtype],
     fmt: MemoryFormat,
