@@ -312,6 +312,7 @@ def lint(session: nox.Session) -> None:
     session.install(*_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports", env={"PYTHONPATH": "packages/lmcache-core/src"})
 
 
 @nox.session

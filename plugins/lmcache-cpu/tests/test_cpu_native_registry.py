@@ -21,7 +21,7 @@ RunPython = Callable[..., subprocess.CompletedProcess[str]]
 SELECTION = """
     import json, logging
     logging.basicConfig(level=logging.WARNING)
-    from lmcache.v1.platform._device_detect import get_selection
+    from lmcache.v1.platform.registry import get_selection
     import lmcache
     selection = get_selection()
     ops = lmcache.device_ops

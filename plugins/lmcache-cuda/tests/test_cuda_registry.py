@@ -19,7 +19,7 @@ RunPython = Callable[..., subprocess.CompletedProcess[str]]
 REPORT = """
     import json, logging
     logging.basicConfig(level=logging.WARNING)
-    from lmcache.v1.platform._device_detect import get_registry, get_selection
+    from lmcache.v1.platform.registry import get_registry, get_selection
     registry = get_registry()
     names = registry.backends
     print(json.dumps({
@@ -72,7 +72,7 @@ def test_discovered_but_unavailable_so_cpu_stays_selected(run_python: RunPython)
 @pytest.mark.skipif(not _no_gpu(), reason="checks the no-GPU behaviour")
 def test_explicit_cuda_backend_fails_loudly_without_a_gpu(run_python: RunPython) -> None:
     proc = run_python(
-        "from lmcache.v1.platform._device_detect import get_selection; get_selection()",
+        "from lmcache.v1.platform.registry import get_selection; get_selection()",
         {"LMCACHE_DEVICE_BACKEND": "cuda"},
     )
     assert proc.returncode != 0
@@ -84,7 +84,7 @@ def test_importing_the_package_and_spec_loads_no_cuda_code(run_python: RunPython
         """
         import sys
         import lmcache_cuda, lmcache_cuda.device
-        from lmcache.v1.platform._device_detect import get_registry
+        from lmcache.v1.platform.registry import get_registry
         get_registry()
         print(sorted(m for m in sys.modules if m.startswith("lmcache_cuda")))
         """

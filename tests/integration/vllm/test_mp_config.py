@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from lmcache.integration.vllm.mp_config import DEFAULTS, parse_extra_config
-from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 
 def test_defaults_match_upstream() -> None:

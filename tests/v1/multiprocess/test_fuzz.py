@@ -375,7 +375,7 @@ def _build_engine() -> Any:
     """An in-process cache server (no SHM, 16 MiB L1, both transfer modes)."""
     from lmcache.v1.multiprocess.config import MPServerConfig
     from lmcache.v1.multiprocess.server import build_cache_server
-    from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+    from lmcache.v1.platform.transfer_mode import MPTransferMode
 
     config = MPServerConfig(
         chunk_size=CHUNK_SIZE,

@@ -76,3 +76,12 @@ def test_export_import_round_trip_preserves_ordering_calls() -> None:
     backend.wait_event(imported, "consumer-stream")
     assert event.waited_on == "consumer-stream"
     assert backend.query_event(imported) is True
+
+
+def test_no_argument_backend_uses_the_selected_device() -> None:
+    # Upstream's ``DefaultEventIPCBackend()``: base/ reaches the registry only through the
+    # resolver the registry installs, never by importing it.
+    from lmcache.v1.platform import get_torch_device
+
+    backend = DefaultEventIPCBackend()
+    assert (backend.event_module, backend.device_type) == get_torch_device()

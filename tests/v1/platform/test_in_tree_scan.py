@@ -11,7 +11,7 @@ SCAN = f"""
 import json
 import lmcache.v1.platform as platform
 platform.__path__.append({str(FIXTURE_DIR)!r})
-from lmcache.v1.platform._device_detect import build_registry, select_backend
+from lmcache.v1.platform.registry import build_registry, select_backend
 registry = build_registry(env={{}})
 print(json.dumps({{
     name: [b.source.kind, b.source.module, b.device_type]
@@ -22,7 +22,7 @@ print(json.dumps({{
 
 def test_in_tree_cpu_backend_is_registered(run_python_json: Any) -> None:
     result = run_python_json(
-        "import json\nfrom lmcache.v1.platform._device_detect import build_registry\n"
+        "import json\nfrom lmcache.v1.platform.registry import build_registry\n"
         "r = build_registry(env={'LMCACHE_DEVICE_PLUGINS_AUTOLOAD': '0'})\n"
         "print(json.dumps({n: b.source.kind for n, b in r.backends.items()}))"
     )

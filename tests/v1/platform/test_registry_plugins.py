@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prerequisites import require_prerequisite
 
-from lmcache.v1.platform._device_detect import build_registry
+from lmcache.v1.platform.registry import build_registry
 
 TEST_PLUGIN_DISTS = (
     "good",
@@ -124,7 +124,7 @@ def test_autoload_kill_switch_skips_entry_points() -> None:
 AVAILABLE = {"LMCACHE_TEST_PLUGINS_AVAILABLE": "1"}
 SELECT = """
 import json
-from lmcache.v1.platform._device_detect import select_backend
+from lmcache.v1.platform.registry import select_backend
 try:
     s = select_backend()
     print(json.dumps({"backend": s.backend.backend_name, "reason": s.reason}))

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache.v1.platform._device_detect import (
+from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.registry import (
     BackendSource,
     DeviceRegistry,
     RegisteredBackend,
     select_backend,
 )
-from lmcache.v1.platform.base.device_spec import DeviceSpec
 
 
 class _Spec(DeviceSpec):

@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from lmcache.v1.multiprocess.kv_layout import KVLayout
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
+from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 from lmcache.v1.platform.torch_ops.plan import PagedLayout, paged_layout_from_tensors
 

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lmcache.bench._output import Bar
+from lmcache.bench._storage_rows import DTYPES, Row, chunk_shape
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.memory.allocator import HostMemoryAllocator
@@ -75,9 +76,7 @@ def _keys(n: int, dtype: torch.dtype) -> list[CacheEngineKey]:
 
 
 def _shape_and_dtype(args: argparse.Namespace) -> tuple[torch.Size, torch.dtype]:
-    from lmcache.bench.storage import DTYPES, _chunk_shape
-
-    return _chunk_shape(args), DTYPES[args.dtype]
+    return chunk_shape(args), DTYPES[args.dtype]
 
 
 def _tier_size(nbytes: int) -> str:
@@ -136,8 +135,6 @@ def bench_lookup(args: argparse.Namespace, bar: Bar) -> dict[str, Any]:
 
 
 def bench_cpu_rows(args: argparse.Namespace, bar: Bar) -> list[Any]:
-    from lmcache.bench.storage import Row
-
     bar.set_description_str("bench storage cpu")
     shape, dtype = _shape_and_dtype(args)
     src = torch.randn(args.chunks, *shape).to(dtype)
@@ -174,8 +171,6 @@ def bench_cpu_rows(args: argparse.Namespace, bar: Bar) -> list[Any]:
 
 
 def bench_disk_rows(args: argparse.Namespace, bar: Bar) -> list[Any]:
-    from lmcache.bench.storage import Row
-
     bar.set_description_str("bench storage disk")
     shape, dtype = _shape_and_dtype(args)
     workdir = tempfile.mkdtemp(prefix="lmc-bench-disk-", dir=getattr(args, "dir", None))

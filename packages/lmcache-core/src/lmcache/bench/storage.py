@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -37,26 +37,12 @@ from lmcache.bench._output import (
     require_matplotlib,
     write_json,
 )
+from lmcache.bench._storage_rows import DTYPES, Row
+from lmcache.bench._storage_rows import chunk_shape as _chunk_shape
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.memory.base import MemoryObj
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-@dataclass
-class Row:
-    backend: str
-    op: str
-    chunk_mib: float
-    chunks: int
-    tier_gbps: float
-    raw_gbps: float
-
-    @property
-    def ratio(self) -> float:
-        return self.tier_gbps / self.raw_gbps
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,10 +79,6 @@ def _apply_quick(args: argparse.Namespace) -> None:
     if args.quick:
         args.layers, args.kv_heads, args.head_dim, args.chunks = 2, 2, 16, 2
         args.warmup, args.repeats, args.lookup_keys = 1, 3, 8
-
-
-def _chunk_shape(args: argparse.Namespace) -> torch.Size:
-    return torch.Size([2, args.layers, args.chunk_tokens, args.kv_heads * args.head_dim])
 
 
 def _keys(n: int, dtype: torch.dtype) -> list[CacheEngineKey]:

@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from lmcache.v1.multiprocess.kv_layout import KVLayout
 from lmcache.v1.platform import resolve_device_ops
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
+from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.ops_types import PageBufferShapeDesc, TransferDirection
 from lmcache_tp_hostsim._trace import trace
 from lmcache_tp_hostsim.events import HostSimEvent

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from lmcache.v1.platform._device_detect import (
+from lmcache.v1.platform.registry import (
     DEVICE_BACKEND_ENV_VAR,
     DEVICE_TYPE_ENV_VAR,
     RegisteredBackend,

@@ -55,8 +55,8 @@ from lmcache.integration.vllm.vllm_kv_layout import DetectedLayout, transfer_vie
 from lmcache.v1.multiprocess.chunking import hit_chunks_to_tokens
 from lmcache.v1.multiprocess.client import MPClientError
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
-from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
 from lmcache.v1.platform.ops_types import EngineKVFormat
+from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from lmcache.v1.multiprocess.transfer_mode import ENV_MP_TRANSFER_MODE, MPTransferMode
+from lmcache.v1.platform.transfer_mode import ENV_MP_TRANSFER_MODE, MPTransferMode
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from lmcache.v1.config import CACHE_POLICIES
 from lmcache.v1.multiprocess.protocol import DEFAULT_MAX_MESSAGE_BYTES
-from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 AUTO_SHM = "auto"
 _DEFAULT_L1_CAP_GB = 1.0

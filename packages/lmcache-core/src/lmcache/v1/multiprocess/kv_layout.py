@@ -1,117 +1,14 @@
-"""The geometry of a worker's paged KV cache and of the server's chunk objects.
-
-Two engine layouts are understood from tensor shapes alone (per layer):
-``[2, NB, BS, NH, HS]`` (vLLM flash-attention, ``NL_X_TWO_NB_BS_NH_HS``) and
-``[NB, BS, HS]`` (MLA, ``NL_X_NB_BS_HS``).  A chunk object is ``[2, NL, T, NH*HS]``
-(``KV_2LTD``) or ``[1, NL, T, HS]`` (``KV_MLA_FMT``) for ``T = chunk_size`` tokens.
-"""
+"""The KV layout seen from the server: :class:`KVLayout` (now in the platform layer) plus
+the ``MemoryFormat`` its chunk objects are stored in."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-
-import torch
-
 from lmcache.v1.memory.format import MemoryFormat
-from lmcache.v1.platform.base.ipc_wrapper import dtype_to_str as dtype_name  # noqa: F401 - re-exported
-from lmcache.v1.platform.base.ipc_wrapper import str_to_dtype as dtype_from_name
-from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
+from lmcache.v1.platform.kv_layout import KVLayout, dtype_from_name, dtype_name
+
+__all__ = ["KVLayout", "chunk_memory_format", "dtype_from_name", "dtype_name"]
 
 
-@dataclasses.dataclass(frozen=True)
-class KVLayout:
-    num_layers: int
-    num_blocks: int
-    block_size: int
-    num_heads: int
-    head_size: int
-    dtype: torch.dtype
-    use_mla: bool
-
-    @property
-    def engine_kv_format(self) -> EngineKVFormat:
-        if self.use_mla:
-            return EngineKVFormat.NL_X_NB_BS_HS
-        return EngineKVFormat.NL_X_TWO_NB_BS_NH_HS
-
-    @property
-    def hidden_dim_size(self) -> int:
-        return self.num_heads * self.head_size
-
-    @property
-    def memory_format(self) -> MemoryFormat:
-        return MemoryFormat.KV_MLA_FMT if self.use_mla else MemoryFormat.KV_2LTD
-
-    def shape_desc(self) -> PageBufferShapeDesc:
-        return PageBufferShapeDesc(
-            kv_size=1 if self.use_mla else 2,
-            nl=self.num_layers,
-            nb=self.num_blocks,
-            bs=self.block_size,
-            nh=self.num_heads,
-            hs=self.head_size,
-            element_size=self.dtype.itemsize,
-            dtype=self.dtype,
-        )
-
-    def object_shape(self, chunk_size: int) -> torch.Size:
-        """Shape of a stored chunk object (the storage tiers' format)."""
-        kv = 1 if self.use_mla else 2
-        return torch.Size([kv, self.num_layers, chunk_size, self.hidden_dim_size])
-
-    def transfer_shape(self, chunk_size: int) -> torch.Size:
-        """Shape the block-transfer kernel expects for one chunk object."""
-        if self.use_mla:
-            return torch.Size([self.num_layers, chunk_size, self.head_size])
-        return self.object_shape(chunk_size)
-
-    def chunk_nbytes(self, chunk_size: int) -> int:
-        return self.object_shape(chunk_size).numel() * self.dtype.itemsize
-
-    def bytes_per_token(self) -> int:
-        return self.chunk_nbytes(1)
-
-    def check_chunk_size(self, chunk_size: int) -> None:
-        if chunk_size % self.block_size:
-            raise ValueError(
-                f"the server chunk size {chunk_size} is not a multiple of the engine block "
-                f"size {self.block_size}"
-            )
-
-    @staticmethod
-    def from_tensors(kv_caches: Sequence[torch.Tensor]) -> KVLayout:
-        """Infer the layout from per-layer KV tensors; raises ``ValueError`` if unsupported."""
-        if not kv_caches:
-            raise ValueError("no KV-cache tensors given")
-        first = kv_caches[0]
-        for tensor in kv_caches[1:]:
-            if tensor.shape != first.shape or tensor.dtype != first.dtype:
-                raise ValueError("KV-cache layers differ in shape or dtype")
-        shape = tuple(first.shape)
-        if len(shape) == 5 and shape[0] == 2:
-            _, nb, bs, nh, hs = shape
-            return KVLayout(len(kv_caches), nb, bs, nh, hs, first.dtype, use_mla=False)
-        if len(shape) == 3:
-            nb, bs, hs = shape
-            return KVLayout(len(kv_caches), nb, bs, 1, hs, first.dtype, use_mla=True)
-        raise ValueError(
-            f"unsupported KV-cache layer shape {shape}: expected [2, NB, BS, NH, HS] "
-            "(flash-attention) or [NB, BS, HS] (MLA)"
-        )
-
-    @staticmethod
-    def from_engine_payload(
-        num_layers: int, block_size: int, hidden_dim_size: int, dtype_str: str, use_mla: bool
-    ) -> KVLayout:
-        if min(num_layers, block_size, hidden_dim_size) <= 0:
-            raise ValueError("num_layers, block_size and hidden_dim_size must be positive")
-        return KVLayout(
-            num_layers=num_layers,
-            num_blocks=0,
-            block_size=block_size,
-            num_heads=1,
-            head_size=hidden_dim_size,
-            dtype=dtype_from_name(dtype_str),
-            use_mla=use_mla,
-        )
+def chunk_memory_format(layout: KVLayout) -> MemoryFormat:
+    """The format of a stored chunk object of ``layout`` (``KV_MLA_FMT`` or ``KV_2LTD``)."""
+    return MemoryFormat.KV_MLA_FMT if layout.use_mla else MemoryFormat.KV_2LTD

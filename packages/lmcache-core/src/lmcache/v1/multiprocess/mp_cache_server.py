@@ -39,7 +39,7 @@ from lmcache.v1.multiprocess.custom_types import (
     RegisterEngineDrivenContextResponse,
     ServerStats,
 )
-from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
+from lmcache.v1.multiprocess.kv_layout import KVLayout, chunk_memory_format, dtype_name
 from lmcache.v1.multiprocess.metrics import ServerMetrics
 from lmcache.v1.multiprocess.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.security import AdminPolicy, TokenCheck
@@ -48,7 +48,6 @@ from lmcache.v1.multiprocess.tiers import (
     install_eviction_counters,
     tier_problems,
 )
-from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
 from lmcache.v1.platform import get_device_spec
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend
@@ -60,6 +59,7 @@ from lmcache.v1.platform.cache_context import (
     resolve_lmcache_driven_device,
 )
 from lmcache.v1.platform.ops_types import TransferDirection
+from lmcache.v1.platform.transfer_mode import MPTransferMode
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 logger = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ class MPCacheServer:
         shape = layout.object_shape(self.chunk_size)
         objs: list[MemoryObj] = []
         for _ in range(count):
-            obj = self.storage.allocate(shape, layout.dtype, layout.memory_format)
+            obj = self.storage.allocate(shape, layout.dtype, chunk_memory_format(layout))
             if obj is None:
                 for allocated in objs:
                     allocated.ref_count_down()

@@ -31,7 +31,7 @@ from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
     TransferContext,
     create_transfer_context,
 )
-from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
+from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lmcache.v1.platform._device_detect import (
+from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.registry import (
     DEVICE_BACKEND_ENV_VAR,
     DEVICE_PLUGIN_ENTRY_POINT_GROUP,
     DEVICE_TYPE_ENV_VAR,
@@ -17,8 +18,7 @@ from lmcache.v1.platform._device_detect import (
     get_selection,
     get_torch_device,
 )
-from lmcache.v1.platform._device_detect import current_device_spec as get_current_device_spec
-from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.registry import current_device_spec as get_current_device_spec
 
 if TYPE_CHECKING:
     from lmcache.v1.platform.base.device_ops import DeviceOps

@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lmcache.v1.platform._device_detect import get_device_spec
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.registry import get_device_spec
 
 if TYPE_CHECKING:
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend

@@ -8,11 +8,45 @@ reads layouts from here; nothing in this module imports torch.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-from lmcache.v1.platform.ops_types import EngineKVFormat
+__all__ = [
+    "CANONICAL_AXES",
+    "CONTAINERS",
+    "EngineKVFormat",
+    "KVFormatSpec",
+    "all_specs",
+    "format_spec",
+]
 
-__all__ = ["CANONICAL_AXES", "CONTAINERS", "KVFormatSpec", "all_specs", "format_spec"]
+
+class EngineKVFormat(enum.IntEnum):
+    """Layout of the serving engine's paged KV cache (values are part of the ABI).
+
+    ``NL x [...]`` is a Python list of per-layer tensors; see ``docs/ops.md`` for shapes.
+    """
+
+    NB_NL_TWO_BS_NH_HS = 0
+    NL_X_TWO_NB_BS_NH_HS = 1
+    NL_X_NB_TWO_BS_NH_HS = 2
+    NL_X_NB_BS_HS = 3
+    TWO_X_NL_X_NBBS_NH_HS = 4
+    NL_X_NBBS_ONE_HS = 5
+    NL_X_TWO_NB_NH_BS_HS = 6
+    NL_X_NB_TWO_NH_BS_HS = 7
+    NB_NL_TWO_NH_BS_HS = 8
+    TWO_X_NL_X_NB_BS_NH_HS = 9
+    NL_X_NB_NH_BS_TWO_HS = 10
+    NL_X_NB_BS_NH_TWO_HS = 11
+    NL_X_NB_NH_BS_CS = 12
+    NL_X_NB_BS_NH_CS = 13
+    NL_X_NB_BSV_BSS = 14
+    NL_X_TWO_NB_NH_ONE_BS_HS = 15
+    NL_X_TWO_X_NB_BS_NH_HS = 16
+    NL_X_NP_X_NB_BS_ONE_HS = 17
+    NL_X_NB_BS_NH_HS = 18
+
 
 CANONICAL_AXES = ("KV", "NL", "NB", "BS", "NH", "HS")
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lmcache.v1.platform.kv_formats import EngineKVFormat, format_spec
+
 __all__ = [
     "KVIndexError",
     "BatchStep",
@@ -50,43 +52,12 @@ class TransferDirection(enum.IntEnum):
     D2H = 1  # paged engine buffer -> LMCache buffer (store / extract)
 
 
-class EngineKVFormat(enum.IntEnum):
-    """Layout of the serving engine's paged KV cache (values are part of the ABI).
-
-    ``NL x [...]`` is a Python list of per-layer tensors; see ``docs/ops.md`` for shapes.
-    """
-
-    NB_NL_TWO_BS_NH_HS = 0
-    NL_X_TWO_NB_BS_NH_HS = 1
-    NL_X_NB_TWO_BS_NH_HS = 2
-    NL_X_NB_BS_HS = 3
-    TWO_X_NL_X_NBBS_NH_HS = 4
-    NL_X_NBBS_ONE_HS = 5
-    NL_X_TWO_NB_NH_BS_HS = 6
-    NL_X_NB_TWO_NH_BS_HS = 7
-    NB_NL_TWO_NH_BS_HS = 8
-    TWO_X_NL_X_NB_BS_NH_HS = 9
-    NL_X_NB_NH_BS_TWO_HS = 10
-    NL_X_NB_BS_NH_TWO_HS = 11
-    NL_X_NB_NH_BS_CS = 12
-    NL_X_NB_BS_NH_CS = 13
-    NL_X_NB_BSV_BSS = 14
-    NL_X_TWO_NB_NH_ONE_BS_HS = 15
-    NL_X_TWO_X_NB_BS_NH_HS = 16
-    NL_X_NP_X_NB_BS_ONE_HS = 17
-    NL_X_NB_BS_NH_HS = 18
-
-
 # Backward-compatible alias kept by upstream for callers written before the rename.
 GPUKVFormat = EngineKVFormat
 
 
 def _flag(fmt: int, name: str) -> bool:
-    # The flags live in the torch_ops spec table; importing lazily keeps this module free of
-    # torch so that entry-point plugins can import the types cheaply.
-    from lmcache.v1.platform.torch_ops._kv_format import _format_spec
-
-    return bool(getattr(_format_spec(fmt), name))
+    return bool(getattr(format_spec(fmt), name))
 
 
 def is_kv_list(fmt: int) -> bool:

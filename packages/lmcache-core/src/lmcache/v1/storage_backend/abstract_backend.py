@@ -15,7 +15,7 @@ import abc
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,9 +23,6 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
 from lmcache.v1.memory.base import MemoryAllocatorInterface, MemoryObj
 from lmcache.v1.memory.format import MemoryFormat
-
-if TYPE_CHECKING:
-    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 
 class StorageBackendInterface(metaclass=abc.ABCMeta):
@@ -184,7 +181,9 @@ class StoragePluginInterface(StorageBackendInterface):
         dst_device: str = "cuda",
         config: LMCacheEngineConfig | None = None,
         metadata: LMCacheMetadata | None = None,
-        local_cpu_backend: LocalCPUBackend | None = None,
+        # Typed by the interface, not by ``LocalCPUBackend``: the interfaces module must not
+        # depend on a tier that implements it (the L1 tier is what callers pass).
+        local_cpu_backend: AllocatorBackendInterface | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(dst_device=dst_device)

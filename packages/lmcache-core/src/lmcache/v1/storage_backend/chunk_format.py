@@ -36,7 +36,7 @@ from lmcache.v1.memory.format import MemoryFormat, part_offsets
 from lmcache.v1.memory.objects import TensorMemoryObj
 
 if TYPE_CHECKING:
-    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+    from lmcache.v1.storage_backend.abstract_backend import AllocatorBackendInterface
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def decode_value(key: CacheEngineKey, value: bytes) -> DecodedValue:
 
 
 def allocate_for_read(
-    local_cpu_backend: LocalCPUBackend | None,
+    local_cpu_backend: AllocatorBackendInterface | None,
     shapes: list[torch.Size],
     dtypes: list[torch.dtype],
     fmt: MemoryFormat,

@@ -38,11 +38,11 @@ from lmcache.v1.multiprocess.custom_types import (
     IPCCacheServerKey,
     RegisterEngineDrivenContextPayload,
 )
-from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_from_name, dtype_name
-from lmcache.v1.multiprocess.transfer_mode import MPTransferMode, resolve_transfer_mode
 from lmcache.v1.platform import get_device_spec, serving_device_type
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+from lmcache.v1.platform.kv_layout import KVLayout, dtype_from_name, dtype_name
 from lmcache.v1.platform.ops_types import TransferDirection
+from lmcache.v1.platform.transfer_mode import MPTransferMode, resolve_transfer_mode
 
 logger = logging.getLogger(__name__)
 

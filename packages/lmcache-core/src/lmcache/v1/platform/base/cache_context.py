@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from lmcache.v1.multiprocess.kv_layout import KVLayout
+    from lmcache.v1.platform.kv_layout import KVLayout
     from lmcache.v1.platform.ops_types import PageBufferShapeDesc, TransferDirection
 
 

@@ -11,8 +11,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from lmcache.v1.platform.transfer_mode import MPTransferMode
+
 if TYPE_CHECKING:
-    from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
     from lmcache.v1.platform.base.cache_context import BaseCacheContext
     from lmcache.v1.platform.base.device_ops import DeviceOps
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend
@@ -105,8 +106,6 @@ class DeviceSpec:
 
     def default_mp_transfer_mode(self) -> MPTransferMode:
         """Mode chosen under AUTO for this backend; never returns AUTO."""
-        from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
-
         if self.is_lmcache_driven_available():
             return MPTransferMode.LMCACHE_DRIVEN
         return MPTransferMode.ENGINE_DRIVEN

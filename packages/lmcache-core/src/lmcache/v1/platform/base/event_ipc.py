@@ -10,10 +10,30 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 # Exported events must outlive the consumer's import; keep a bounded ring of them.
 _EXPORTED_EVENT_RING_SIZE = 2048
+
+# ``(torch module, device type)`` of the selected backend, for upstream's no-argument
+# ``DefaultEventIPCBackend()``. Set by :mod:`lmcache.v1.platform.registry` on import (the
+# platform package always imports it first) so that ``base`` never imports the registry.
+_active_device_resolvers: list[Callable[[], tuple[Any, str]]] = []
+
+
+def set_active_device_resolver(resolver: Callable[[], tuple[Any, str]]) -> None:
+    """Install the function that names the selected backend's torch module and device type."""
+    _active_device_resolvers[:] = [resolver]
+
+
+def _active_device() -> tuple[Any, str]:
+    if not _active_device_resolvers:
+        raise RuntimeError(
+            "DefaultEventIPCBackend() needs event_module and device_type: no device registry "
+            "is loaded (import lmcache.v1.platform first)"
+        )
+    return _active_device_resolvers[0]()
 
 
 @runtime_checkable
@@ -49,9 +69,7 @@ class DefaultEventIPCBackend:
 
     def __init__(self, event_module: Any = None, device_type: str | None = None) -> None:
         if event_module is None or device_type is None:
-            from lmcache.v1.platform import get_torch_device
-
-            active_module, active_type = get_torch_device()
+            active_module, active_type = _active_device()
             event_module = event_module if event_module is not None else active_module
             device_type = device_type if device_type is not None else active_type
         self.event_module = event_module

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import msgspec
@@ -49,15 +50,24 @@ def registered_ipc_wrappers() -> dict[str, type[DeviceIPCWrapper]]:
         return dict(_WRAPPER_TYPES)
 
 
+# Set by :mod:`lmcache.v1.platform.registry` when it is imported (always before any
+# ``Deserialize``: the platform package imports the registry). Injected rather than imported
+# so that ``base`` stays a leaf that never imports the registry built on top of it.
+_backend_wrapper_importers: list[Callable[[], None]] = []
+
+
+def set_backend_wrapper_importer(importer: Callable[[], None]) -> None:
+    """Install the hook that imports every registered backend's wrapper class (idempotent)."""
+    with _WRAPPER_TYPES_LOCK:
+        _backend_wrapper_importers[:] = [importer]
+
+
 def _import_backend_wrappers() -> None:
     """Import the ``ipc_wrapper_cls`` of every registered device backend."""
-    from lmcache.v1.platform._device_detect import get_registry
-
-    for backend in get_registry().backends.values():
-        try:
-            backend.spec.ipc_wrapper_cls  # noqa: B018 - imported for its registration
-        except Exception as exc:
-            logger.debug("backend %r: ipc_wrapper_cls unavailable: %s", backend.backend_name, exc)
+    with _WRAPPER_TYPES_LOCK:
+        importers = list(_backend_wrapper_importers)
+    for importer in importers:
+        importer()
 
 
 def dtype_to_str(dtype: torch.dtype) -> str:

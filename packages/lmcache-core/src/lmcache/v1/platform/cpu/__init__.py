@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 if TYPE_CHECKING:
-    from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
     from lmcache.v1.platform.base.cache_context import BaseCacheContext
     from lmcache.v1.platform.base.device_ops import DeviceOps
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend
@@ -51,8 +51,6 @@ class CpuDeviceSpec(DeviceSpec):
     def default_mp_transfer_mode(self) -> MPTransferMode:
         # AUTO dispatches strictly by device type: only cuda defaults to LMCache-driven.
         # The shared-memory LMCache-driven path stays available when asked for explicitly.
-        from lmcache.v1.multiprocess.transfer_mode import MPTransferMode
-
         return MPTransferMode.ENGINE_DRIVEN
 
     @property

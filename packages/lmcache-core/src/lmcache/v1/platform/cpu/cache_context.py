@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from lmcache.v1.multiprocess.kv_layout import KVLayout
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.cpu.event_ipc import HostEvent
+from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 
 
