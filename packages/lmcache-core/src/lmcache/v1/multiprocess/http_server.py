@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from lmcache.v1.multiprocess.metrics import CONTENT_TYPE
-from lmcache.v1.multiprocess.mp_cache_server import MPCacheServer
 from lmcache.v1.multiprocess.security import TokenCheck, http_reach, warn_if_exposed
+from lmcache.v1.multiprocess.server.handler import MPCacheServer
 
 logger = logging.getLogger(__name__)
 
