@@ -188,14 +188,16 @@ def test_token_checks_and_never_shows_in_reprs() -> None:
 def test_refused_admin_requests_are_logged_rate_limited(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from lmcache.v1.multiprocess.mp_cache_server import _RefusalLog
+    from lmcache.v1.multiprocess.server.rate_limited_logs import RefusalLog
 
-    limited = _RefusalLog(interval_s=3600)
-    with caplog.at_level(logging.WARNING, logger="lmcache.v1.multiprocess.mp_cache_server"):
+    limited = RefusalLog(interval_s=3600)
+    with caplog.at_level(
+        logging.WARNING, logger="lmcache.v1.multiprocess.server.rate_limited_logs"
+    ):
         for _ in range(5):
             limited.note("clear", "admin operations are off")
         assert len(caplog.records) == 1
-        every = _RefusalLog(interval_s=0)
+        every = RefusalLog(interval_s=0)
         every.note("clear", "wrong admin token")
         every.note("clear", "wrong admin token")
     assert len(caplog.records) == 3

@@ -11,7 +11,7 @@ import pytest
 from mp_server_helpers import BASE_ARGS, ServerProcess
 
 from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.server import _disk_adopt, parse_l2_adapter
+from lmcache.v1.multiprocess.server.startup import _disk_adopt, parse_l2_adapter
 from lmcache.v1.storage_backend.local_disk_backend import MARKER_NAME
 
 # SHM off: a refused start must not depend on (or leave) a shared-memory segment.

@@ -412,9 +412,9 @@ def _engine_payload(instance_id: int, **overrides: Any) -> Any:
 
 
 def test_registered_workers_are_capped(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lmcache.v1.multiprocess import mp_cache_server
+    from lmcache.v1.multiprocess.server import workers
 
-    monkeypatch.setattr(mp_cache_server, "MAX_REGISTERED_WORKERS", 3)
+    monkeypatch.setattr(workers, "MAX_REGISTERED_WORKERS", 3)
     for instance_id in range(3):
         engine.register_kv_cache_engine_driven_context(_engine_payload(instance_id))
     with pytest.raises(protocol.ProtocolError) as info:
@@ -425,9 +425,9 @@ def test_registered_workers_are_capped(engine: Any, monkeypatch: pytest.MonkeyPa
 
 
 def test_pending_transfers_are_capped(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lmcache.v1.multiprocess import mp_cache_server
+    from lmcache.v1.multiprocess.server import pending
 
-    monkeypatch.setattr(mp_cache_server, "MAX_PENDING_TRANSFERS", 2)
+    monkeypatch.setattr(pending, "MAX_PENDING_TRANSFERS", 2)
     engine.register_kv_cache_engine_driven_context(_engine_payload(1))
     engine.set_engine_driven_sub_path(1, "inline")
     used_before = engine.get_stats().l1_used_bytes

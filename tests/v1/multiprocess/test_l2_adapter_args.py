@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.server import _disk_tier, parse_l2_adapter
+from lmcache.v1.multiprocess.server.startup import _disk_tier, parse_l2_adapter
 
 
 def test_resp_adapter_parses() -> None:

@@ -60,7 +60,8 @@ def resolve_config(args: argparse.Namespace) -> MPServerConfig:
 
 def run(args: argparse.Namespace) -> int:
     from lmcache.logging import init_logger
-    from lmcache.v1.multiprocess.server import MPServer, run_server
+    from lmcache.v1.multiprocess.server.run import run_server
+    from lmcache.v1.multiprocess.server.transport import MPServer
 
     if args.server_log_level:
         init_logger(args.server_log_level)

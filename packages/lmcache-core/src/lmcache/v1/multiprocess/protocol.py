@@ -128,15 +128,30 @@ class ProtocolError(Exception):
         self.message = message
 
 
+class Pool(str, enum.Enum):
+    """Where the server runs an operation's handler."""
+
+    # One single-thread executor per client identity: that client's requests run in order
+    # (registration, store/retrieve and the prepare/commit pairs depend on it).
+    AFFINITY = "affinity"
+    # Any thread of a shared pool: lookups and management that may block on storage.
+    SHARED = "shared"
+    # The transport's own thread: cheap answers that never block.
+    INLINE = "inline"
+
+
 @dataclasses.dataclass(frozen=True)
 class RpcSpec:
-    """One operation: payload names and types in order, how many are required, the response.
+    """One operation: payload names and types in order, how many are required, the response,
+    the server method that handles it and the pool that runs it.
 
     Payload types carry their bounds (msgspec ``Meta`` constraints, see
     :mod:`~lmcache.v1.multiprocess.custom_types`), so decoding is validation.
     ``admin`` operations act on every worker's data or on server-wide state: the server
     refuses them unless it runs with ``--enable-admin-ops``, and their last payload is the
     optional admin token (see :mod:`lmcache.v1.multiprocess.security`).
+    ``handler`` names the ``MPCacheServer`` method called with the decoded payloads (the
+    operation's own name unless given); the transport binds it once at start-up.
     """
 
     operation: str
@@ -144,6 +159,12 @@ class RpcSpec:
     response_type: Any
     required: int | None = None
     admin: bool = False
+    pool: Pool = Pool.INLINE
+    handler: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.handler:
+            object.__setattr__(self, "handler", self.operation)
 
     @property
     def payload_types(self) -> tuple[Any, ...]:
@@ -183,12 +204,14 @@ RPC_SPECS: dict[str, RpcSpec] = {
             ),
             None,
             required=4,
+            pool=Pool.AFFINITY,
         ),
-        RpcSpec("unregister_kv_cache", (_INSTANCE,), None),
+        RpcSpec("unregister_kv_cache", (_INSTANCE,), None, pool=Pool.AFFINITY),
         RpcSpec(
             "store",
             (_KEY, _INSTANCE, ("block_ids", BlockIds), ("event_handle", Handle)),
             tuple[bytes, bool],
+            pool=Pool.AFFINITY,
         ),
         RpcSpec(
             "retrieve",
@@ -201,23 +224,34 @@ RPC_SPECS: dict[str, RpcSpec] = {
             ),
             tuple[bytes, bool],
             required=4,
+            pool=Pool.AFFINITY,
         ),
-        RpcSpec("lookup", (_KEY, _TP_SIZE), None),
-        RpcSpec("query_prefetch_status", (_REQUEST_ID,), int | None),
-        RpcSpec("wait_prefetch_status", (_REQUEST_ID, ("timeout", Timeout)), int | None),
-        RpcSpec("free_lookup_locks", (_KEY, _TP_SIZE), None),
-        RpcSpec("end_session", (_REQUEST_ID,), None),
+        RpcSpec("lookup", (_KEY, _TP_SIZE), None, pool=Pool.SHARED),
+        RpcSpec("query_prefetch_status", (_REQUEST_ID,), int | None, pool=Pool.SHARED),
+        RpcSpec(
+            "wait_prefetch_status",
+            (_REQUEST_ID, ("timeout", Timeout)),
+            int | None,
+            pool=Pool.SHARED,
+        ),
+        RpcSpec("free_lookup_locks", (_KEY, _TP_SIZE), None, pool=Pool.SHARED),
+        RpcSpec("end_session", (_REQUEST_ID,), None, pool=Pool.SHARED),
         RpcSpec(
             "register_kv_cache_engine_driven_context",
             (("payload", RegisterEngineDrivenContextPayload),),
             RegisterEngineDrivenContextResponse,
+            pool=Pool.AFFINITY,
         ),
-        RpcSpec("unregister_kv_cache_engine_driven_context", (_INSTANCE,), None),
-        RpcSpec("prepare_store", (_KEY, _INSTANCE), PrepareStoreResponse),
+        RpcSpec(
+            "unregister_kv_cache_engine_driven_context", (_INSTANCE,), None, pool=Pool.AFFINITY
+        ),
+        RpcSpec("prepare_store", (_KEY, _INSTANCE), PrepareStoreResponse, pool=Pool.AFFINITY),
         # ``data`` is bounded by the request size limit (--max-message-mb).
-        RpcSpec("commit_store", (_KEY, _INSTANCE, ("data", bytes)), bool, required=2),
-        RpcSpec("prepare_retrieve", (_KEY, _INSTANCE), PrepareRetrieveResponse),
-        RpcSpec("commit_retrieve", (_KEY, _INSTANCE), bool),
+        RpcSpec(
+            "commit_store", (_KEY, _INSTANCE, ("data", bytes)), bool, required=2, pool=Pool.AFFINITY
+        ),
+        RpcSpec("prepare_retrieve", (_KEY, _INSTANCE), PrepareRetrieveResponse, pool=Pool.AFFINITY),
+        RpcSpec("commit_retrieve", (_KEY, _INSTANCE), bool, pool=Pool.AFFINITY),
         # Upstream sends at most ``force``; the trailing admin token is ours (optional).
         RpcSpec(
             "clear",
@@ -225,9 +259,10 @@ RPC_SPECS: dict[str, RpcSpec] = {
             None,
             required=0,
             admin=True,
+            pool=Pool.SHARED,
         ),
         RpcSpec("get_chunk_size", (), int),
-        RpcSpec("ping", (("instance_id", InstanceId | None),), bool, required=0),
+        RpcSpec("ping", (("instance_id", InstanceId | None),), bool, required=0, pool=Pool.SHARED),
         RpcSpec(
             "report_block_allocation",
             (
@@ -248,8 +283,9 @@ RPC_SPECS: dict[str, RpcSpec] = {
             "set_engine_driven_sub_path",
             (_INSTANCE, ("sub_path", Annotated[str, Meta(max_length=64)])),
             bool,
+            pool=Pool.AFFINITY,
         ),
-        RpcSpec("get_stats", (), ServerStats),
+        RpcSpec("get_stats", (), ServerStats, pool=Pool.SHARED),
     )
 }
 # uid + operation + the most payloads any operation takes; more frames are refused unread.

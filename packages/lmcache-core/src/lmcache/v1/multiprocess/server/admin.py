@@ -1,0 +1,193 @@
+"""Server-wide operations: admin (``clear``), handshake and liveness, stats and status.
+
+``clear`` acts on every worker's data: it is refused unless the server runs with
+``--enable-admin-ops`` and the admin token matches (see
+:mod:`lmcache.v1.multiprocess.security`).  ``get_stats``, ``status`` and
+``metrics_state`` are what the wire, the HTTP frontend and Prometheus report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import msgspec
+
+from lmcache.v1.multiprocess.custom_types import BlockAllocationRecord, ServerStats
+from lmcache.v1.multiprocess.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.security import TokenCheck
+from lmcache.v1.multiprocess.server.lookup import LookupOps
+from lmcache.v1.multiprocess.server.state import DIRECT_SUB_PATH
+from lmcache.v1.multiprocess.server.workers import WorkerRegistry
+from lmcache.v1.multiprocess.tiers import describe_tiers, tier_problems
+from lmcache.v1.platform.transfer_mode import MPTransferMode
+
+logger = logging.getLogger(__name__)
+
+
+class AdminOps(WorkerRegistry, LookupOps):
+    """``clear``, ``get_chunk_size``, ``noop``, ``protocol_handshake``, ``get_stats`` and the
+    observability the frontends read."""
+
+    def clear(self, force: bool = False, admin_token: str | None = None) -> None:
+        """Remove every cached object (an admin operation: see ``authorize_admin``)."""
+        self.authorize_admin("clear", admin_token)
+        removed = self.remove_all(force)
+        logger.info("clear (admin request) removed %d objects (force=%s)", removed, force)
+
+    def authorize_admin(self, operation: str, presented_token: str | None) -> None:
+        """Refuse a wire admin operation unless --enable-admin-ops is on and the token
+        (when one is configured) matches; raises ``ProtocolError``."""
+        policy = self.settings.admin
+        if not policy.wire_enabled:
+            self._refusals.note(operation, "admin operations are off")
+            raise ProtocolError(
+                ErrorCode.FORBIDDEN,
+                f"{operation} is an admin operation (it affects every worker's data) and this "
+                f"server refuses admin operations; start it with --enable-admin-ops (and an "
+                f"admin token, --admin-token-file) to allow them",
+            )
+        check = policy.check_token(presented_token)
+        if check is TokenCheck.OK:
+            return
+        self._refusals.note(operation, f"{check.value} admin token")
+        if check is TokenCheck.MISSING:
+            message = (
+                f"{operation} needs the server's admin token and none was presented; pass "
+                f"it to MPClient(admin_token=...) or set LMCACHE_ADMIN_TOKEN"
+            )
+        else:
+            message = f"{operation}: the admin token presented is wrong"
+        raise ProtocolError(ErrorCode.UNAUTHORIZED, message)
+
+    def check_admin_token(self, presented_token: str | None) -> TokenCheck:
+        """The token check alone (the HTTP frontend has its own enable flag)."""
+        check = self.settings.admin.check_token(presented_token)
+        if check is not TokenCheck.OK:
+            self._refusals.note("HTTP /cache/clear", f"{check.value} admin token")
+        return check
+
+    def remove_all(self, force: bool = False) -> int:
+        """Remove every L1 object (and its lower-tier copies); returns how many went."""
+        l1 = self.storage.local_cpu_backend
+        removed = 0
+        with contextlib.ExitStack() as stack:
+            for counter in self._evictions.values():
+                stack.enter_context(counter.explicit())
+            for k in l1.get_keys():
+                removed += bool(self.storage.remove(k, force=force))
+        return removed
+
+    def get_chunk_size(self) -> int:
+        return self.chunk_size
+
+    def report_block_allocation(
+        self, instance_id: int, model_name: str, records: list[BlockAllocationRecord]
+    ) -> None:
+        """Accepted and ignored: upstream's vLLM scheduler reports engine block allocations
+        (fire-and-forget) for features we do not have (lazy offload, KV events)."""
+        logger.debug("%d block-allocation records from %d ignored", len(records), instance_id)
+
+    def noop(self) -> str:
+        return "noop"
+
+    def get_experimental(self) -> list[str]:
+        return []
+
+    def protocol_handshake(self, client_version: int) -> tuple[int, bool]:
+        if client_version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                ErrorCode.VERSION_MISMATCH,
+                f"client speaks MP protocol version {client_version}, this server speaks "
+                f"{PROTOCOL_VERSION}: upgrade the older side",
+            )
+        return PROTOCOL_VERSION, True
+
+    def get_stats(self) -> ServerStats:
+        l1 = self.storage.local_cpu_backend
+        with self._workers_lock:
+            modes = [w.mode for w in self._workers.values()]
+        pending = len(self._pending)
+        with self._stats_lock:
+            stats = msgspec.structs.replace(self.stats)
+        stats.l1_chunks = len(l1)
+        stats.l1_used_bytes = int(l1.used_bytes)
+        stats.l1_capacity_bytes = int(l1.capacity_bytes)
+        stats.lmcache_driven_workers = modes.count(MPTransferMode.LMCACHE_DRIVEN)
+        stats.engine_driven_workers = modes.count(MPTransferMode.ENGINE_DRIVEN)
+        stats.pending_prepares = pending
+        return stats
+
+    # -- observability ------------------------------------------------------------------------
+
+    def health_problems(self) -> list[str]:
+        """Why the server cannot serve (empty when healthy): broken or unreachable tiers."""
+        return tier_problems(self.storage)
+
+    def tiers(self) -> list[dict[str, Any]]:
+        return describe_tiers(self.storage, self._evictions)
+
+    def metrics_state(self) -> dict[str, Any]:
+        """What the metrics read at scrape time."""
+        return {
+            "tiers": self.tiers(),
+            "workers": self.worker_counts(),
+            "pinned_objects": self.pinned_objects(),
+            "healthy": not self.health_problems(),
+        }
+
+    def status(self) -> dict[str, Any]:
+        """The ``/status`` document."""
+        from lmcache import __version__
+
+        stats = self.get_stats()
+        with self._workers_lock:
+            workers = [
+                {
+                    "instance_id": iid,
+                    "model_name": w.model_name,
+                    "world_size": w.world_size,
+                    "transfer_mode": w.mode.value,
+                    "sub_path": (
+                        DIRECT_SUB_PATH
+                        if w.mode is MPTransferMode.LMCACHE_DRIVEN
+                        else ("inline" if w.inline else "shm")
+                    ),
+                    "idle_seconds": round(time.monotonic() - w.last_seen, 3),
+                }
+                for iid, w in self._workers.items()
+            ]
+        supported = self.settings.supported_transfer_mode
+        modes = (
+            [MPTransferMode.LMCACHE_DRIVEN.value, MPTransferMode.ENGINE_DRIVEN.value]
+            if supported is MPTransferMode.AUTO
+            else [supported.value]
+        )
+        problems = self.health_problems()
+        return {
+            "version": __version__,
+            "instance_id": self.settings.instance_id,
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "chunk_size": self.chunk_size,
+            "healthy": not problems,
+            "problems": problems,
+            "supported_transfer_mode": supported.value,
+            "transfer_modes": modes,
+            "shm_name": self.shm_name,
+            "metrics_enabled": self.metrics is not None,
+            "tiers": self.tiers(),
+            "workers": workers,
+            "pinned_objects": self.pinned_objects(),
+            "pending_prepares": stats.pending_prepares,
+            "counters": {
+                "stored_tokens": stats.stored_tokens,
+                "retrieved_tokens": stats.retrieved_tokens,
+                "stored_chunks": stats.stored_chunks,
+                "retrieved_chunks": stats.retrieved_chunks,
+                "lookup_hit_tokens": stats.lookup_hit_tokens,
+                "errors": stats.errors,
+                "dropped_replies": stats.dropped_replies,
+            },
+        }

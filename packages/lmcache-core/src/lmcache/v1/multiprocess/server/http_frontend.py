@@ -1,0 +1,207 @@
+"""The HTTP frontend of ``lmcache server`` (FastAPI on uvicorn, on its own thread).
+
+Routes (upstream's names): ``GET /`` (route list), ``GET /healthcheck`` (200 healthy, 503
+with the problems otherwise), ``GET /status`` (JSON), ``GET /metrics`` (Prometheus text),
+``POST /cache/clear`` (only with ``--enable-http-cache-clear``; with an admin token
+configured it needs ``Authorization: Bearer <token>``).  Every error is a JSON object
+``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
+
+The socket is bound before the thread starts, so a busy port is reported synchronously
+(:class:`OSError`) rather than by uvicorn exiting its thread.  ``--prometheus-port`` serves
+the same registry with ``prometheus_client``'s own HTTP server.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from lmcache.v1.multiprocess.metrics import CONTENT_TYPE
+from lmcache.v1.multiprocess.security import TokenCheck, http_reach, warn_if_exposed
+from lmcache.v1.multiprocess.server.handler import MPCacheServer
+
+logger = logging.getLogger(__name__)
+
+ROUTES = ("/", "/healthcheck", "/status", "/metrics", "/cache/clear")
+_STOP_TIMEOUT_S = 5.0
+
+
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
+
+
+def _bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (scheme case-insensitive)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | None:
+    """A 401 reply unless the request carries the admin token (when one is configured)."""
+    check = engine.check_admin_token(_bearer_token(request.headers.get("authorization")))
+    if check is TokenCheck.OK:
+        return None
+    if check is TokenCheck.MISSING:
+        challenge, message = (
+            'Bearer realm="lmcache"',
+            "this server has an admin token: send it as 'Authorization: Bearer <token>'",
+        )
+    else:
+        challenge, message = (
+            'Bearer realm="lmcache", error="invalid_token"',
+            "the admin token in the Authorization header is wrong",
+        )
+    return _error(401, "unauthorized", message, {"WWW-Authenticate": challenge})
+
+
+def build_app(
+    engine: MPCacheServer,
+    is_serving: Callable[[], bool] = lambda: True,
+    allow_cache_clear: bool = False,
+) -> FastAPI:
+    """The FastAPI application (no server); tests may drive it in-process."""
+    app = FastAPI(title="LMCache MP server", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> Any:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> Any:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        )
+        return _error(422, "bad_request", problems or "invalid request")
+
+    @app.get("/")
+    def index() -> dict[str, Any]:
+        return {"service": "lmcache-mp-server", "routes": list(ROUTES)}
+
+    @app.get("/healthcheck")
+    def healthcheck() -> Any:
+        problems = [] if is_serving() else ["the MP server is shutting down"]
+        problems += engine.health_problems()
+        if problems:
+            return JSONResponse({"status": "unhealthy", "problems": problems}, status_code=503)
+        return {"status": "healthy"}
+
+    @app.get("/status")
+    def status() -> dict[str, Any]:
+        return engine.status()
+
+    @app.get("/metrics")
+    def metrics() -> Any:
+        if engine.metrics is None:
+            return _error(404, "metrics_disabled", "metrics are off (--disable-metrics)")
+        return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    @app.post("/cache/clear")
+    async def cache_clear(request: Request, force: bool = False) -> Any:
+        if not allow_cache_clear:
+            return _error(
+                403, "forbidden", "cache clearing over HTTP is off (--enable-http-cache-clear)"
+            )
+        refused = _unauthorized(engine, request)
+        if refused is not None:
+            return refused
+        body = await request.body()
+        if body:
+            try:
+                payload = await request.json()
+            except ValueError:
+                return _error(400, "bad_request", 'the body must be JSON, e.g. {"force": true}')
+            if not isinstance(payload, dict) or set(payload) - {"force"}:
+                return _error(400, "bad_request", 'the body may only hold {"force": <bool>}')
+            if not isinstance(payload.get("force", False), bool):
+                return _error(400, "bad_request", '"force" must be a boolean')
+            force = force or bool(payload.get("force", False))
+        removed = engine.remove_all(force=force)
+        logger.info("HTTP /cache/clear removed %d objects (force=%s)", removed, force)
+        return {"status": "ok", "removed": removed, "force": force}
+
+    return app
+
+
+class HTTPFrontend:
+    """Runs :func:`build_app` with uvicorn on a daemon thread."""
+
+    def __init__(
+        self,
+        engine: MPCacheServer,
+        host: str,
+        port: int,
+        is_serving: Callable[[], bool] = lambda: True,
+        allow_cache_clear: bool = False,
+    ) -> None:
+        self._sock = socket.socket(
+            socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+        )
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError:
+            self._sock.close()
+            raise
+        self.host, self.port = host, int(self._sock.getsockname()[1])
+        warn_if_exposed(
+            "the HTTP frontend",
+            host,
+            self.port,
+            http_reach(engine.settings.admin, allow_cache_clear),
+        )
+        config = uvicorn.Config(
+            build_app(engine, is_serving, allow_cache_clear),
+            log_level="warning",
+            access_log=False,
+            log_config=None,  # uvicorn's dictConfig would close the process's handlers
+            lifespan="off",
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="lmc-http", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        self._thread.start()
+        logger.info("HTTP frontend on %s", self.url)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(_STOP_TIMEOUT_S)
+        self._sock.close()
+
+
+class PrometheusEndpoint:
+    """``prometheus_client``'s HTTP server over one registry (``--prometheus-port``)."""
+
+    def __init__(self, registry: Any, host: str, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self.port = int(self._server.server_address[1])
+        warn_if_exposed("the Prometheus endpoint", host, self.port, "read the metrics")
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(_STOP_TIMEOUT_S)

@@ -1,0 +1,390 @@
+"""The MP cache server's transport: a ZMQ ROUTER loop dispatching to handler pools.
+
+* The main thread owns the ROUTER socket: it frames and validates requests, answers
+  cheap operations inline and hands the rest to thread pools.  Store/retrieve-family
+  operations (and registration) go to an *affinity* pool keyed by the client identity, so
+  one client's requests run in order; lookups and management go to a shared pool.
+* Handler threads send replies back through an inproc PUSH/PULL pair; only the main
+  thread touches the ROUTER.  Replies are sent non-blocking: a client that never reads
+  fills its queue and then loses replies (counted), never stalls the server.
+* ``request_stop`` (SIGINT/SIGTERM): new requests get ``shutting_down`` errors, in-flight
+  ones finish and are answered, then storage is flushed and shared memory removed.
+* No request can kill or wedge the loop: framing, decoding and handling failures all end
+  as exactly one typed error reply (``internal`` for anything unexpected, whose traceback
+  is logged once per kind and then rate-limited), and a request over the size or frame
+  bound is refused before its frames are copied out of the transport.
+
+Which pool serves an operation, and which :class:`MPCacheServer` method, is the
+operation's :class:`~lmcache.v1.multiprocess.protocol.RpcSpec` (``pool``, ``handler``);
+the handlers are bound once, when the server is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import zmq
+
+from lmcache.v1.multiprocess import protocol
+from lmcache.v1.multiprocess.config import MPServerConfig
+from lmcache.v1.multiprocess.protocol import ErrorCode, Pool, ProtocolError
+from lmcache.v1.multiprocess.security import rpc_reach, warn_if_exposed
+from lmcache.v1.multiprocess.server.handler import MPCacheServer
+from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100
+_REAP_INTERVAL_S = 1.0
+_SEND_HWM = 1000
+# A valid request_uid frame is a msgpack int (at most 9 bytes); a longer one is not echoed.
+_MAX_ECHOED_UID_BYTES = 16
+# Requests queued or running in the handler pools; beyond it the loop stops reading new
+# ones (ZeroMQ holds them, pushing back on senders) so a flood cannot grow memory unbounded.
+MAX_IN_FLIGHT = 1024
+
+
+class AffinityThreadPool:
+    """Single-thread executors; a key always lands on the same one (ordering per key)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{i}")
+            for i in range(max(1, size))
+        ]
+
+    def submit(self, key: bytes, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        executor = self._executors[hash(key) % len(self._executors)]
+        return executor.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True) -> None:
+        for executor in self._executors:
+            executor.shutdown(wait=wait)
+
+
+def bind_handlers(engine: MPCacheServer) -> dict[str, Callable[..., Any]]:
+    """Each operation's handler: the method of ``engine`` its ``RpcSpec`` names (resolved
+    once, so a table entry without a method fails at start-up, not at its first request)."""
+    handlers = {}
+    for name, spec in protocol.RPC_SPECS.items():
+        handler = getattr(engine, spec.handler, None)
+        if not callable(handler):
+            raise TypeError(
+                f"RPC_SPECS[{name!r}] names handler {spec.handler!r}, which "
+                f"{type(engine).__name__} does not define"
+            )
+        handlers[name] = handler
+    return handlers
+
+
+class MPServer:
+    """Serves one :class:`MPCacheServer` on ``tcp://host:port``."""
+
+    def __init__(self, config: MPServerConfig, engine: MPCacheServer) -> None:
+        self.config = config
+        self.engine = engine
+        self.endpoint = f"tcp://{config.host}:{config.port}"
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        # The transport drops (and disconnects) anything far beyond the limit; between the
+        # limit and this cap the request is answered with message_too_large.
+        self._router.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_message_bytes)
+        self._router.bind(self.endpoint)
+        warn_if_exposed(
+            "the ZMQ RPC port", config.host, config.port, rpc_reach(engine.settings.admin)
+        )
+        self._reply_endpoint = f"inproc://lmcache-replies-{id(self)}"
+        self._replies = self._ctx.socket(zmq.PULL)
+        self._replies.bind(self._reply_endpoint)
+        self._local = threading.local()
+        self._push_sockets: list[zmq.Socket[Any]] = []
+        self._push_lock = threading.Lock()
+        transfer_threads, other_threads = config.pool_workers()
+        self._affinity = AffinityThreadPool(transfer_threads, "lmc-transfer")
+        self._pool = ThreadPoolExecutor(other_threads, thread_name_prefix="lmc-handler")
+        self._stop = threading.Event()
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self.max_in_flight = MAX_IN_FLIGHT
+        self._closed = False
+        self._errors = RateLimitedErrorLog(logger)
+        self.http_url: str | None = None
+        self._handlers = bind_handlers(engine)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def is_serving(self) -> bool:
+        return not self._stop.is_set() and not self._closed
+
+    def serve_forever(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._replies, zmq.POLLIN)
+        replies_only = zmq.Poller()  # while saturated: wait for handlers to finish
+        replies_only.register(self._replies, zmq.POLLIN)
+        next_reap = time.monotonic() + _REAP_INTERVAL_S
+        logger.info("LMCache MP server listening on %s", self.endpoint)
+        while not self._stop.is_set():
+            try:
+                active = replies_only if self._saturated() else poller
+                ready = dict(active.poll(_POLL_MS))
+                if self._replies in ready:
+                    self._pump_replies()
+                if self._router in ready:
+                    self._pump_requests()
+            except zmq.ContextTerminated:
+                raise
+            except Exception as exc:  # the loop outlives anything a request can cause
+                self._errors.exception("serve loop", exc)
+            if time.monotonic() >= next_reap:
+                next_reap = time.monotonic() + _REAP_INTERVAL_S
+                self._reap()
+        self._drain(poller)
+
+    def _reap(self) -> None:
+        try:
+            self.engine.reap()
+        except Exception:
+            logger.exception("housekeeping failed")
+
+    def _drain(self, poller: zmq.Poller) -> None:
+        """Answer new requests with shutting_down until in-flight handlers are answered."""
+        logger.info("shutting down: draining %d in-flight requests", self._in_flight)
+        while True:
+            with self._in_flight_lock:
+                idle = self._in_flight == 0
+            if idle and not self._replies.poll(0):
+                break
+            ready = dict(poller.poll(_POLL_MS))
+            if self._replies in ready:
+                self._pump_replies()
+            if self._router in ready:
+                self._pump_requests()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._affinity.shutdown(wait=True)
+        self._pool.shutdown(wait=True)
+        try:
+            self.engine.close()
+        finally:
+            with self._push_lock:
+                for sock in self._push_sockets:
+                    sock.close(linger=0)
+            self._replies.close(linger=0)
+            self._router.close(linger=0)
+            self._ctx.term()
+        logger.info("LMCache MP server stopped")
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _saturated(self) -> bool:
+        return self._in_flight >= self.max_in_flight
+
+    def _pump_requests(self) -> None:
+        for _ in range(256):
+            # While draining, new requests are answered inline (shutting_down), never queued.
+            if self._saturated() and not self._stop.is_set():
+                return
+            try:
+                # copy=False: sizes are checked before any frame is copied out of libzmq.
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            try:
+                self._handle(identity, frames)
+            except Exception as exc:
+                self._errors.exception("request framing", exc)
+                self._reply_error(identity, self._uid_frame(frames), ErrorCode.INTERNAL, exc, "")
+            finally:
+                del frames  # release an oversized request's memory now, not at the next one
+
+    @staticmethod
+    def _uid_frame(frames: list[zmq.Frame]) -> bytes:
+        if len(frames) > 1 and len(frames[1]) <= _MAX_ECHOED_UID_BYTES:
+            return frames[1].bytes
+        return protocol.encode(-1)
+
+    def _check_bounds(self, frames: list[zmq.Frame]) -> None:
+        """Refuse a request by its frame count and total size (identity frame excluded)."""
+        count = len(frames) - 1
+        if count < 2:
+            raise ProtocolError(
+                ErrorCode.MALFORMED_FRAME,
+                f"a request is [request_uid, operation, *payloads]; got {count} frame(s)",
+            )
+        if count > protocol.MAX_REQUEST_FRAMES:
+            raise ProtocolError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"request of {count} frames exceeds the limit of {protocol.MAX_REQUEST_FRAMES} "
+                f"frames (uid, operation and at most "
+                f"{protocol.MAX_REQUEST_FRAMES - 2} payloads)",
+            )
+        size = sum(len(f) for f in frames[1:])
+        if size > self.config.max_message_bytes:
+            raise ProtocolError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"request of {size} bytes in {count} frames exceeds the server limit of "
+                f"{self.config.max_message_bytes} bytes per request (--max-message-mb)",
+            )
+
+    def _handle(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        uid_frame = self._uid_frame(frames)
+        operation = ""
+        try:
+            self._check_bounds(frames)
+            try:
+                protocol.decode(frames[1].buffer, int)
+            except Exception:
+                raise ProtocolError(
+                    ErrorCode.MALFORMED_FRAME, "request_uid frame is not a msgpack integer"
+                ) from None
+            op_frame = frames[2].bytes
+            operation = protocol.decode_operation(op_frame)
+            if self._stop.is_set():
+                raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            spec = protocol.RPC_SPECS[operation]
+            payloads = protocol.decode_payloads(spec, [f.buffer for f in frames[3:]])
+        except ProtocolError as exc:
+            self._reply_error(identity, uid_frame, exc.code, exc, operation)
+            return
+        handler = self._handlers[operation]
+        head = (identity, uid_frame, op_frame, operation)
+        if spec.pool is Pool.INLINE:
+            self._send(self._run(head, handler, payloads))
+        else:
+            self._submit(head, handler, payloads, affinity=spec.pool is Pool.AFFINITY)
+
+    def _reply_error(
+        self, identity: bytes, uid_frame: bytes, code: ErrorCode, exc: Exception, operation: str
+    ) -> None:
+        message = exc.message if isinstance(exc, ProtocolError) else _describe(exc)
+        self._count_error()
+        metrics = self.engine.metrics
+        if metrics is not None:
+            metrics.count_rejected(operation or "unknown", code.value)
+        self._send([identity, *protocol.encode_error(uid_frame, code, message, operation)])
+
+    def _submit(
+        self,
+        head: tuple[bytes, bytes, bytes, str],
+        handler: Callable[..., Any],
+        payloads: list[Any],
+        affinity: bool,
+    ) -> None:
+        self._begin()
+        try:
+            if affinity:
+                self._affinity.submit(head[0], self._run_and_push, head, handler, payloads)
+            else:
+                self._pool.submit(self._run_and_push, head, handler, payloads)
+        except RuntimeError as exc:  # the pool is shut down: answer here, keep the count right
+            self._end()
+            self._reply_error(head[0], head[1], ErrorCode.SHUTTING_DOWN, exc, head[3])
+
+    def _begin(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight += 1
+
+    def _end(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
+
+    def _count_error(self) -> None:
+        self.engine._count(errors=1)
+
+    def _run(
+        self,
+        head: tuple[bytes, bytes, bytes, str],
+        handler: Callable[..., Any],
+        payloads: list[Any],
+    ) -> list[bytes]:
+        identity, uid_frame, op_frame, operation = head
+        metrics = self.engine.metrics
+        start = time.perf_counter() if metrics is not None else 0.0
+        try:
+            response = handler(*payloads)
+            reply = [identity, *protocol.encode_success(uid_frame, op_frame, response)]
+            if metrics is not None:
+                metrics.observe_request(operation, "ok", time.perf_counter() - start)
+            return reply
+        except ProtocolError as exc:
+            code, message = exc.code, exc.message
+        except Exception as exc:
+            self._errors.exception(operation, exc)
+            code, message = ErrorCode.INTERNAL, _describe(exc)
+        self._count_error()
+        try:
+            if metrics is not None:
+                metrics.observe_request(operation, code.value, time.perf_counter() - start)
+        except Exception as exc:
+            self._errors.exception("metrics", exc)
+        return [identity, *protocol.encode_error(uid_frame, code, message, operation)]
+
+    def _run_and_push(
+        self,
+        head: tuple[bytes, bytes, bytes, str],
+        handler: Callable[..., Any],
+        payloads: list[Any],
+    ) -> None:
+        try:
+            reply = self._run(head, handler, payloads)
+            self._push_socket().send_multipart(reply)
+        except Exception as exc:  # a handler thread must survive to serve the next request
+            self._errors.exception("reply", exc)
+        finally:
+            self._end()
+
+    def _push_socket(self) -> zmq.Socket[Any]:
+        sock = getattr(self._local, "push", None)
+        if sock is None:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self._reply_endpoint)
+            self._local.push = sock
+            with self._push_lock:
+                self._push_sockets.append(sock)
+        return sock
+
+    # -- replies ------------------------------------------------------------------------------
+
+    def _pump_replies(self) -> None:
+        for _ in range(1024):
+            try:
+                frames = self._replies.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._send(frames)
+
+    def _send(self, frames: list[bytes]) -> None:
+        try:
+            self._router.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self.engine._count(dropped_replies=1)
+            logger.debug("client send queue full (not reading replies); reply dropped")
+        except zmq.ZMQError as exc:
+            self.engine._count(dropped_replies=1)
+            logger.debug("reply to a departed client dropped: %s", exc)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an ``internal`` error reply: the exception type and its first line."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

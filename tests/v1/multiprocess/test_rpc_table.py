@@ -1,0 +1,108 @@
+"""The RPC table is the server's dispatch table: every operation names a handler the
+cache server defines and a pool; the old module paths still export their public names."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+from lmcache.v1.multiprocess import protocol
+from lmcache.v1.multiprocess.protocol import RPC_SPECS, Pool, RpcSpec
+from lmcache.v1.multiprocess.server.handler import MPCacheServer
+from lmcache.v1.multiprocess.server.transport import bind_handlers
+
+# Requests of one client that must run in its order (registration before its transfers,
+# prepare before commit) share that client's affinity executor.
+_ORDERED = {
+    "register_kv_cache",
+    "unregister_kv_cache",
+    "store",
+    "retrieve",
+    "register_kv_cache_engine_driven_context",
+    "unregister_kv_cache_engine_driven_context",
+    "set_engine_driven_sub_path",
+    "prepare_store",
+    "commit_store",
+    "prepare_retrieve",
+    "commit_retrieve",
+}
+
+
+@pytest.mark.parametrize("name", sorted(RPC_SPECS))
+def test_every_operation_has_a_handler_taking_its_payloads(name: str) -> None:
+    spec = RPC_SPECS[name]
+    method = getattr(MPCacheServer, spec.handler, None)
+    assert callable(method), f"{name}: MPCacheServer has no {spec.handler}"
+    # Payloads are passed positionally: the handler must take all of them and need no more
+    # than the required ones.
+    params = list(inspect.signature(method).parameters.values())[1:]  # without self
+    required = [p for p in params if p.default is inspect.Parameter.empty]
+    assert len(required) <= spec.min_payloads, f"{name}: handler needs {required}"
+    assert len(params) >= len(spec.payloads), f"{name}: handler takes only {params}"
+    assert isinstance(spec.pool, Pool)
+
+
+def test_ordered_operations_run_in_the_client_affinity_pool() -> None:
+    affinity = {name for name, spec in RPC_SPECS.items() if spec.pool is Pool.AFFINITY}
+    assert affinity == _ORDERED
+
+
+def test_the_handler_defaults_to_the_operation_and_can_be_named() -> None:
+    assert RpcSpec("noop", (), str).handler == "noop"
+    assert RpcSpec("noop", (), str, handler="ping").handler == "ping"
+
+
+def test_a_table_entry_without_a_method_fails_at_binding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    broken = dict(RPC_SPECS, noop=RpcSpec("noop", (), str, handler="no_such_method"))
+    monkeypatch.setattr(protocol, "RPC_SPECS", broken)
+    with pytest.raises(TypeError, match="no_such_method"):
+        bind_handlers(object.__new__(MPCacheServer))
+
+
+def test_bound_handlers_are_the_engine_methods() -> None:
+    engine = object.__new__(MPCacheServer)
+    handlers = bind_handlers(engine)
+    assert set(handlers) == set(RPC_SPECS)
+    assert handlers["store"] == engine.store
+    assert handlers["lookup"].__self__ is engine
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        (
+            "lmcache.v1.multiprocess.server",
+            [
+                "MPServer",
+                "build_cache_server",
+                "run_server",
+                "main",
+                "check_l1_fits",
+                "parse_l2_adapter",
+                "start_frontends",
+                "AffinityThreadPool",
+                "RateLimitedErrorLog",
+                "MPCacheServer",
+                "CacheServerSettings",
+            ],
+        ),
+        (
+            "lmcache.v1.multiprocess.mp_cache_server",
+            [
+                "MPCacheServer",
+                "CacheServerSettings",
+                "MAX_REGISTERED_WORKERS",
+                "MAX_PENDING_TRANSFERS",
+                "DIRECT_SUB_PATH",
+            ],
+        ),
+    ],
+)
+def test_old_module_paths_still_export_their_names(module: str, names: list[str]) -> None:
+    mod = importlib.import_module(module)
+    missing = [n for n in names if not hasattr(mod, n)]
+    assert not missing, f"{module} lost {missing}"
