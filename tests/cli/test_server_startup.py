@@ -143,7 +143,10 @@ def test_unknown_device_backend(tmp_path: Path) -> None:
 
 
 def _install_tied_plugins(root: Path) -> None:
-    """Two available cpu backends of the same priority, as an installed distribution."""
+    """Two available cpu backends of the same priority, as an installed distribution.
+
+    The priority is above every real backend (lmcache-cpu's ``cpu_native`` is 10), so the
+    tie is what selection meets whichever plugin session runs this."""
     (root / "tie_plugins.py").write_text(
         textwrap.dedent(
             """
@@ -151,11 +154,11 @@ def _install_tied_plugins(root: Path) -> None:
 
             class TieA(CpuDeviceSpec):
                 backend_name = property(lambda self: "tiea")
-                priority = property(lambda self: 7)
+                priority = property(lambda self: 1000)
 
             class TieB(CpuDeviceSpec):
                 backend_name = property(lambda self: "tieb")
-                priority = property(lambda self: 7)
+                priority = property(lambda self: 1000)
             """
         )
     )
