@@ -273,12 +273,15 @@ def test_sigterm_while_l1_is_being_made_leaves_no_segment() -> None:
             assert time.monotonic() < deadline, "L1 segment never appeared"
             time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
-        out, _err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
         leaked = _segments_of(proc.pid)
         for name in leaked:
             (SHM_DIR / name).unlink(missing_ok=True)
         assert leaked == []
         if "listening on" not in out:
-            assert proc.returncode == 130
+            # 130 from `lmcache`'s own handler; -SIGINT when the KeyboardInterrupt that the
+            # SIGTERM became surfaced outside it (CPython then exits through SIGINT).  Either
+            # way the interrupt path ran; anything else (e.g. -SIGTERM) means it did not.
+            assert proc.returncode in (130, -signal.SIGINT), err[-2000:]
             return
     pytest.fail("the server finished starting before every SIGTERM; nothing was proved")
