@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from lmcache.v1.storage_backend.storage_manager import L1_NAME, StorageManager
@@ -27,11 +26,6 @@ class EvictionCounter:
     @property
     def evictions(self) -> int:
         return int(self._tier.evictions)
-
-    @contextlib.contextmanager
-    def explicit(self) -> Iterator[None]:
-        """Removals the server asks for; tiers never count them, so nothing to do."""
-        yield
 
 
 def install_eviction_counters(storage: StorageManager) -> dict[str, EvictionCounter]:
