@@ -43,7 +43,7 @@ from wire_fuzz import (  # noqa: E402
     wrapper_exts,
 )
 
-from lmcache.v1.multiprocess.client import MPClient, ServerUnavailableError  # noqa: E402
+from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError  # noqa: E402
 
 CHUNK_SIZE = 16
 MAX_MESSAGE_MB = 1
@@ -111,7 +111,7 @@ class Server:
 def _bit_exact(url: str) -> bool:
     import torch
 
-    from lmcache.v1.multiprocess.worker import KVCacheWorker
+    from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
     kv, out = make_kv(seed=8), make_kv(seed=None)
     writer = KVCacheWorker(kv, model_name="after-soak", server_url=url, mode="engine_driven")

@@ -69,7 +69,7 @@ class RunningServer:
 
 
 def _wait_ready(server: RunningServer, deadline_s: float) -> None:
-    from lmcache.v1.multiprocess.client import MPClient, MPClientError
+    from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
 
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -182,7 +182,7 @@ def run_driver(python: Path, script: str, *args: str, timeout: float = 120) -> d
 
 
 def server_stats(url: str) -> Any:
-    from lmcache.v1.multiprocess.client import MPClient
+    from lmcache.v1.multiprocess.worker.client import MPClient
 
     with MPClient(url, timeout=10) as client:
         return client.get_stats()

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 from lmcache.v1.platform.cpu.shm import empty_shm_tensor
 
 NUM_LAYERS = 2

@@ -63,7 +63,7 @@ def start_server(port: int, mode: str, log_path: Path, *extra: str) -> subproces
     log = open(log_path, "wb")  # noqa: SIM115 - the child owns it until stop_server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
-    from lmcache.v1.multiprocess.client import MPClient, MPClientError
+    from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -91,7 +91,7 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 def server_stats(port: int) -> dict[str, Any]:
     import msgspec
 
-    from lmcache.v1.multiprocess.client import MPClient
+    from lmcache.v1.multiprocess.worker.client import MPClient
 
     with MPClient(f"tcp://127.0.0.1:{port}", timeout=10) as client:
         return dict(msgspec.structs.asdict(client.get_stats()))

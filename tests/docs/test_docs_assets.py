@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from lmcache.v1.multiprocess.metrics import ServerMetrics
+from lmcache.v1.multiprocess.server.metrics import ServerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from lmcache.v1.multiprocess.client import MPClient, ServerUnavailableError
+from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError
 
 SMALL_LAYOUT = {"num_layers": 3, "num_blocks": 48, "block_size": 4, "num_heads": 2, "head_size": 8}
 CHUNK_SIZE = 16
@@ -122,7 +122,7 @@ class Stored:
     is checked bit for bit.  A context manager: closes the worker, unlinks its KV cache."""
 
     def __init__(self, server: ServerProcess) -> None:
-        from lmcache.v1.multiprocess.worker import KVCacheWorker
+        from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
         self.kv = make_kv(seed=7)
         self.expected = [layer[:, STORED_BLOCKS].clone() for layer in self.kv]

@@ -16,10 +16,9 @@ import pytest
 import zmq
 from mp_server_helpers import BASE_ARGS, ServerProcess, Stored, free_port
 
-from lmcache.v1.multiprocess import protocol
-from lmcache.v1.multiprocess.client import MPClient, ServerError
 from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.security import (
+from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.security import (
     ADMIN_TOKEN_ENV,
     AdminPolicy,
     AdminTokenError,
@@ -28,6 +27,7 @@ from lmcache.v1.multiprocess.security import (
     resolve_admin_token,
     warn_if_exposed,
 )
+from lmcache.v1.multiprocess.worker.client import MPClient, ServerError
 
 TOKEN = "s3cret-admin-token-" + "0123456789abcdef"
 WRONG = "not-the-admin-token-0123456789abcdef"
@@ -318,7 +318,7 @@ def test_loopback_detection(host: str, loopback: bool) -> None:
 
 
 def test_warning_names_the_listener_and_the_doc(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="lmcache.v1.multiprocess.security"):
+    with caplog.at_level(logging.WARNING, logger="lmcache.v1.multiprocess.wire.security"):
         assert warn_if_exposed("the ZMQ RPC port", "0.0.0.0", 5555, "store chunks")
         assert not warn_if_exposed("the ZMQ RPC port", "127.0.0.1", 5555, "store chunks")
     (record,) = caplog.records

@@ -25,8 +25,8 @@ from mp_server_helpers import BASE_ARGS, ServerProcess
 
 import lmcache.v1.platform
 from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.server import build_cache_server
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.device_spec import DeviceSpec
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
@@ -173,7 +173,7 @@ def hostsim() -> None:
 
 _WORKER = """
 import json, os, torch
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 from lmcache.v1.platform.cpu.shm import empty_shm_tensor
 
 shape = (2, 48, 4, 2, 8)

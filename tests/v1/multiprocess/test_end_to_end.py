@@ -9,7 +9,7 @@ import pytest
 import torch
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv, unlink_kv
 
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
 PATHS = [
     pytest.param("engine_driven", "shm", id="engine-shm"),

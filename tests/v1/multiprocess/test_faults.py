@@ -15,10 +15,15 @@ import pytest
 import zmq
 from mp_server_helpers import CHUNK_SIZE, SMALL_LAYOUT, ServerProcess, Stored, make_kv, unlink_kv
 
-from lmcache.v1.multiprocess import protocol
-from lmcache.v1.multiprocess.client import MPClient, ServerError, ServerUnavailableError, free_url
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.worker.client import (
+    MPClient,
+    ServerError,
+    ServerUnavailableError,
+    free_url,
+)
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
 
 class RawClient:
@@ -208,7 +213,7 @@ _KILLED_WORKER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {helpers!r})
     from mp_server_helpers import make_kv
-    from lmcache.v1.multiprocess.worker import KVCacheWorker
+    from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
     from lmcache.v1.platform.cpu.shm import shm_segment_of
     mode = sys.argv[1]
     kv = make_kv(shm=mode == "lmcache_driven", seed=7)

@@ -34,9 +34,9 @@ from wire_fuzz import (
 )
 from wire_fuzz import request_key as _key
 
-from lmcache.v1.multiprocess import protocol
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
 MAX_MESSAGE_MB = 1
 WARMUP_MESSAGES = 2000
@@ -395,7 +395,7 @@ def engine() -> Any:
 
 
 def _engine_payload(instance_id: int, **overrides: Any) -> Any:
-    from lmcache.v1.multiprocess.custom_types import RegisterEngineDrivenContextPayload
+    from lmcache.v1.multiprocess.wire.custom_types import RegisterEngineDrivenContextPayload
 
     fields = {
         "instance_id": instance_id,

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from mp_server_helpers import ServerProcess, Stored, free_port
 
-from lmcache.v1.multiprocess.client import ServerError
-from lmcache.v1.multiprocess.security import ADMIN_TOKEN_ENV
+from lmcache.v1.multiprocess.wire.security import ADMIN_TOKEN_ENV
+from lmcache.v1.multiprocess.worker.client import ServerError
 
 TOKEN = "http-admin-token-" + "fedcba9876543210"
 WRONG = "http-wrong-token-" + "0123456789abcdef"

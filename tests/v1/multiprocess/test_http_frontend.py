@@ -13,7 +13,7 @@ import pytest
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, free_port, make_kv, unlink_kv
 from prometheus_client.parser import text_string_to_metric_families
 
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 # A tiny L1 (~100 chunks of the small test layout) so a few stores evict.

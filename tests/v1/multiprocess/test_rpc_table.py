@@ -8,10 +8,10 @@ import inspect
 
 import pytest
 
-from lmcache.v1.multiprocess import protocol
-from lmcache.v1.multiprocess.protocol import RPC_SPECS, Pool, RpcSpec
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.transport import bind_handlers
+from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.protocol import RPC_SPECS, Pool, RpcSpec
 
 # Requests of one client that must run in its order (registration before its transfers,
 # prepare before commit) share that client's affinity executor.

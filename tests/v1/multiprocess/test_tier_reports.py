@@ -8,7 +8,7 @@ import torch
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.multiprocess.tiers import describe_tiers, install_eviction_counters
+from lmcache.v1.multiprocess.server.tiers import describe_tiers, install_eviction_counters
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 SHAPE = torch.Size([1024])  # 2 KiB of half

@@ -10,14 +10,14 @@ import pytest
 import torch
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv, unlink_kv
 
-from lmcache.v1.multiprocess.client import ServerError
 from lmcache.v1.multiprocess.transfer_context import worker_transfer
 from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
     EngineDrivenTransferContext,
     LMCacheDrivenTransferContext,
     create_transfer_context,
 )
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.worker.client import ServerError
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 from lmcache.v1.platform.base.device_spec import DeviceSpec
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 from lmcache.v1.platform.cpu.event_ipc import HostEventIPCBackend

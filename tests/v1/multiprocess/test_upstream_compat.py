@@ -14,16 +14,16 @@ import torch
 import zmq
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, free_port, make_kv, unlink_kv
 
-from lmcache.v1.multiprocess import protocol
-from lmcache.v1.multiprocess.chunking import hit_chunks_to_tokens
-from lmcache.v1.multiprocess.client import MPClient, ServerError
-from lmcache.v1.multiprocess.custom_types import (
+from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.chunking import hit_chunks_to_tokens
+from lmcache.v1.multiprocess.wire.custom_types import (
     BlockAllocationRecord,
     IPCCacheServerKey,
     RegisterEngineDrivenContextPayload,
     RegisterEngineDrivenContextResponse,
 )
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.worker.client import MPClient, ServerError
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 from lmcache.v1.platform.cpu.event_ipc import UPSTREAM_STUB_EVENT_HANDLE, HostEventIPCBackend
 from lmcache.v1.platform.cpu.shm import CpuShmTensorWrapper, empty_shm_tensor
 

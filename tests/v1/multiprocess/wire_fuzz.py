@@ -27,8 +27,8 @@ from typing import Any, Union
 import msgspec
 import zmq
 
-from lmcache.v1.multiprocess import protocol
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 from lmcache.v1.platform.base.ipc_wire import DEVICE_IPC_WRAPPER_EXT_CODE
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 

@@ -23,7 +23,7 @@ def test_chunk_stored_through_server_a_is_bit_exact_through_server_b(
 ) -> None:
     from mp_server_helpers import BASE_ARGS, CHUNK_SIZE, ServerProcess, make_kv
 
-    from lmcache.v1.multiprocess.worker import KVCacheWorker
+    from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
     adapter = json.dumps({"type": "resp", "url": redis_server.url, "namespace": "two-servers"})
     servers = [

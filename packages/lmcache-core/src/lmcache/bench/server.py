@@ -36,8 +36,8 @@ from lmcache.bench._output import (
     require_matplotlib,
     write_json,
 )
-from lmcache.v1.multiprocess.client import MPClient, ServerUnavailableError
-from lmcache.v1.multiprocess.worker import KVCacheWorker
+from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError
+from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
 PATHS = (
     ("engine_driven", "shm", "engine-driven SHM"),

@@ -25,14 +25,14 @@ from typing import IO, Any
 
 import torch
 
-from lmcache.v1.multiprocess.client import (
+from lmcache.v1.multiprocess.config import positive_int, tcp_port
+from lmcache.v1.multiprocess.worker.client import (
     DEFAULT_URL,
     MPClient,
     ServerError,
     ServerUnavailableError,
     free_url,
 )
-from lmcache.v1.multiprocess.config import positive_int, tcp_port
 
 
 def register(subparsers: Any) -> None:
@@ -165,7 +165,7 @@ def _check(label: str, ok: bool, failures: list[str]) -> None:
 
 def _demo_path(url: str, mode: str, args: argparse.Namespace, failures: list[str]) -> bool:
     """Run one transfer path; False when the server refuses it (skipped)."""
-    from lmcache.v1.multiprocess.worker import KVCacheWorker
+    from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
     shm = mode == "lmcache_driven"
     blocks = 2 * (args.tokens // 16 + 1)

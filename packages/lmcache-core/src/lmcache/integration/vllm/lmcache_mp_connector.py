@@ -52,9 +52,9 @@ from lmcache.integration.vllm.scheduler_state import (
     usable_hit_tokens,
 )
 from lmcache.integration.vllm.vllm_kv_layout import DetectedLayout, transfer_views
-from lmcache.v1.multiprocess.chunking import hit_chunks_to_tokens
-from lmcache.v1.multiprocess.client import MPClientError
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.wire.chunking import hit_chunks_to_tokens
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.worker.client import MPClientError
 from lmcache.v1.platform.ops_types import EngineKVFormat
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
@@ -378,7 +378,7 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
             create_transfer_context,
         )
-        from lmcache.v1.multiprocess.worker import new_instance_id
+        from lmcache.v1.multiprocess.worker.kv_cache_worker import new_instance_id
 
         spec = self._attention_spec()
         views, layout = transfer_views(

@@ -1,6 +1,6 @@
 """The connector's view of the MP server: ``MPClient`` plus a shared up/down flag.
 
-``lmcache.v1.multiprocess.client.MPClient`` already bounds every call with a timeout.  What
+``lmcache.v1.multiprocess.worker.client.MPClient`` already bounds every call with a timeout.  What
 the connector adds is fail-fast behaviour once the server is gone: the first timeout (or
 a failed heartbeat) marks the server down, and later calls raise at once instead of each
 waiting out its own timeout, so vLLM keeps serving (as cache misses) at full speed.  A
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from lmcache.v1.multiprocess.client import MPClient, MPClientError, ServerUnavailableError
+from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError, ServerUnavailableError
 
 logger = logging.getLogger(__name__)
 

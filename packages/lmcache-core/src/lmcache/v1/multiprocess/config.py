@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lmcache.v1.config import CACHE_POLICIES
-from lmcache.v1.multiprocess.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 AUTO_SHM = "auto"

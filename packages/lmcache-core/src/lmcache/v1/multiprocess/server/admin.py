@@ -2,7 +2,7 @@
 
 ``clear`` acts on every worker's data: it is refused unless the server runs with
 ``--enable-admin-ops`` and the admin token matches (see
-:mod:`lmcache.v1.multiprocess.security`).  ``get_stats``, ``status`` and
+:mod:`lmcache.v1.multiprocess.wire.security`).  ``get_stats``, ``status`` and
 ``metrics_state`` are what the wire, the HTTP frontend and Prometheus report.
 """
 
@@ -14,13 +14,13 @@ from typing import Any
 
 import msgspec
 
-from lmcache.v1.multiprocess.custom_types import BlockAllocationRecord, ServerStats
-from lmcache.v1.multiprocess.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
-from lmcache.v1.multiprocess.security import TokenCheck
 from lmcache.v1.multiprocess.server.lookup import LookupOps
 from lmcache.v1.multiprocess.server.state import DIRECT_SUB_PATH
+from lmcache.v1.multiprocess.server.tiers import describe_tiers, tier_problems
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
-from lmcache.v1.multiprocess.tiers import describe_tiers, tier_problems
+from lmcache.v1.multiprocess.wire.custom_types import BlockAllocationRecord, ServerStats
+from lmcache.v1.multiprocess.wire.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.wire.security import TokenCheck
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 logger = logging.getLogger(__name__)

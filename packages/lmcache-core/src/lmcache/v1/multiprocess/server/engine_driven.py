@@ -14,20 +14,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.chunking import ChunkSpan
-from lmcache.v1.multiprocess.custom_types import (
+from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
+from lmcache.v1.multiprocess.server.inline_codec import encode_inline, fill_inline
+from lmcache.v1.multiprocess.server.pending import Pending
+from lmcache.v1.multiprocess.server.state import Worker
+from lmcache.v1.multiprocess.server.workers import WorkerRegistry
+from lmcache.v1.multiprocess.wire.chunking import ChunkSpan
+from lmcache.v1.multiprocess.wire.custom_types import (
     IPCCacheServerKey,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
     RegisterEngineDrivenContextPayload,
     RegisterEngineDrivenContextResponse,
 )
-from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
-from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
-from lmcache.v1.multiprocess.server.inline_codec import encode_inline, fill_inline
-from lmcache.v1.multiprocess.server.pending import Pending
-from lmcache.v1.multiprocess.server.state import Worker
-from lmcache.v1.multiprocess.server.workers import WorkerRegistry
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ The operations live by family, each a mixin over the shared state of
 * :mod:`.lookup` -- lookup sessions and prefetch status;
 * :mod:`.admin` -- ``clear``, handshake, stats, status, health.
 
-The wire table (:data:`~lmcache.v1.multiprocess.protocol.RPC_SPECS`) names, for each
+The wire table (:data:`~lmcache.v1.multiprocess.wire.protocol.RPC_SPECS`) names, for each
 operation, the method of this class that serves it.
 """
 
@@ -19,11 +19,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from lmcache.v1.multiprocess.metrics import ServerMetrics
 from lmcache.v1.multiprocess.server.admin import AdminOps
 from lmcache.v1.multiprocess.server.engine_driven import EngineDrivenOps
 from lmcache.v1.multiprocess.server.lmcache_driven import LMCacheDrivenOps
 from lmcache.v1.multiprocess.server.lookup import LookupOps
+from lmcache.v1.multiprocess.server.metrics import ServerMetrics
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
 from lmcache.v1.platform.cache_context import DeviceSpecLookup

@@ -25,9 +25,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from lmcache.v1.multiprocess.metrics import CONTENT_TYPE
-from lmcache.v1.multiprocess.security import TokenCheck, http_reach, warn_if_exposed
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
+from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
+from lmcache.v1.multiprocess.wire.security import TokenCheck, http_reach, warn_if_exposed
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The inline sub-path's chunk codec: chunk bytes inside the messages, as msgpack.
 
 Used by engine-driven workers when the server has no shared memory.  The data is an
-:class:`~lmcache.v1.multiprocess.custom_types.InlineChunks` struct, never a pickle:
+:class:`~lmcache.v1.multiprocess.wire.custom_types.InlineChunks` struct, never a pickle:
 pickled data (upstream LMCache's pickle sub-path) is refused by its first byte.
 """
 
@@ -11,8 +11,8 @@ import msgspec
 import torch
 
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.custom_types import InlineChunks
-from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.wire.custom_types import InlineChunks
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 
 # Every pickle protocol >= 2 starts with the PROTO opcode.
 _PICKLE_PROTO = b"\x80"

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.chunking import chunk_block_ids
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
-from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.server.state import DIRECT_SUB_PATH, Worker
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
+from lmcache.v1.multiprocess.wire.chunking import chunk_block_ids
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend
 from lmcache.v1.platform.cache_context import (

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmcache.v1.multiprocess.chunking import prefix_chunks
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
-from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.server.state import LookupSession, ServerCore
+from lmcache.v1.multiprocess.wire.chunking import prefix_chunks
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 
 # A peer can name any request id: this caps the sessions (and pins) it can leave behind.
 _MAX_LOOKUP_SESSIONS = 65536

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 
 MAX_PENDING_TRANSFERS = 65536
 

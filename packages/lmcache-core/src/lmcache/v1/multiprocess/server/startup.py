@@ -17,9 +17,9 @@ import torch
 
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.security import admin_policy
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
+from lmcache.v1.multiprocess.wire.security import admin_policy
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend

@@ -6,7 +6,7 @@
 transfers, the lookup sessions, the counters and metrics.  The families are mixins over it
 and :class:`~lmcache.v1.multiprocess.server.handler.MPCacheServer` composes them.
 
-Handlers raise :class:`~lmcache.v1.multiprocess.protocol.ProtocolError` for anything the
+Handlers raise :class:`~lmcache.v1.multiprocess.wire.protocol.ProtocolError` for anything the
 client must learn about; the transport turns those into typed error replies.  A chunk
 becomes visible (lookup / retrieve) only after all its bytes are in L1, so a store that
 dies half-way never exposes a partial chunk.
@@ -25,15 +25,15 @@ import torch
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.chunking import ChunkSpan, plan_chunks, range_block_ids
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey, ServerStats
 from lmcache.v1.multiprocess.kv_layout import KVLayout, chunk_memory_format
-from lmcache.v1.multiprocess.metrics import ServerMetrics
-from lmcache.v1.multiprocess.protocol import ErrorCode, ProtocolError
-from lmcache.v1.multiprocess.security import AdminPolicy
+from lmcache.v1.multiprocess.server.metrics import ServerMetrics
 from lmcache.v1.multiprocess.server.pending import PendingTransfers
 from lmcache.v1.multiprocess.server.rate_limited_logs import RefusalLog
-from lmcache.v1.multiprocess.tiers import EvictionCounter, install_eviction_counters
+from lmcache.v1.multiprocess.server.tiers import EvictionCounter, install_eviction_counters
+from lmcache.v1.multiprocess.wire.chunking import ChunkSpan, plan_chunks, range_block_ids
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ServerStats
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.wire.security import AdminPolicy
 from lmcache.v1.platform import get_device_spec
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend

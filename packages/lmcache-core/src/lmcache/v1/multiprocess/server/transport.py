@@ -15,7 +15,7 @@
   bound is refused before its frames are copied out of the transport.
 
 Which pool serves an operation, and which :class:`MPCacheServer` method, is the
-operation's :class:`~lmcache.v1.multiprocess.protocol.RpcSpec` (``pool``, ``handler``);
+operation's :class:`~lmcache.v1.multiprocess.wire.protocol.RpcSpec` (``pool``, ``handler``);
 the handlers are bound once, when the server is made.
 """
 
@@ -30,12 +30,12 @@ from typing import Any
 
 import zmq
 
-from lmcache.v1.multiprocess import protocol
 from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.protocol import ErrorCode, Pool, ProtocolError
-from lmcache.v1.multiprocess.security import rpc_reach, warn_if_exposed
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog
+from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode, Pool, ProtocolError
+from lmcache.v1.multiprocess.wire.security import rpc_reach, warn_if_exposed
 
 logger = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from typing import Any
 import msgspec
 import torch
 
-from lmcache.v1.multiprocess.chunking import (
+from lmcache.v1.multiprocess.wire.chunking import (
     ChunkSpan,
     chunk_block_ids,
     plan_chunks,
     range_block_ids,
 )
-from lmcache.v1.multiprocess.custom_types import (
+from lmcache.v1.multiprocess.wire.custom_types import (
     EngineType,
     InlineChunks,
     IPCCacheServerKey,

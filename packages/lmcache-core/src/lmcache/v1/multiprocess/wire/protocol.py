@@ -29,7 +29,7 @@ import msgspec
 import torch
 from msgspec import Meta
 
-from lmcache.v1.multiprocess.custom_types import (
+from lmcache.v1.multiprocess.wire.custom_types import (
     MAX_LAYERS,
     MAX_RECORDS,
     MAX_WORLD_SIZE,
@@ -146,10 +146,10 @@ class RpcSpec:
     the server method that handles it and the pool that runs it.
 
     Payload types carry their bounds (msgspec ``Meta`` constraints, see
-    :mod:`~lmcache.v1.multiprocess.custom_types`), so decoding is validation.
+    :mod:`~lmcache.v1.multiprocess.wire.custom_types`), so decoding is validation.
     ``admin`` operations act on every worker's data or on server-wide state: the server
     refuses them unless it runs with ``--enable-admin-ops``, and their last payload is the
-    optional admin token (see :mod:`lmcache.v1.multiprocess.security`).
+    optional admin token (see :mod:`lmcache.v1.multiprocess.wire.security`).
     ``handler`` names the ``MPCacheServer`` method called with the decoded payloads (the
     operation's own name unless given); the transport binds it once at start-up.
     """

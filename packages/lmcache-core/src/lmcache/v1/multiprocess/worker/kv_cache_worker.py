@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.multiprocess.chunking import hit_chunks_to_tokens
-from lmcache.v1.multiprocess.client import DEFAULT_URL, MPClient
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey, ServerStats
 from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
     TransferContext,
     create_transfer_context,
 )
+from lmcache.v1.multiprocess.wire.chunking import hit_chunks_to_tokens
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ServerStats
+from lmcache.v1.multiprocess.worker.client import DEFAULT_URL, MPClient
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 logger = logging.getLogger(__name__)

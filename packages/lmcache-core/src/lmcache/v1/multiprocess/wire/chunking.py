@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Sequence
 
 from lmcache.utils import NONE_HASH, chunk_hashes
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,242 @@
+"""Data types that travel between inference workers and the MP cache server.
+
+Everything here is a ``msgspec.Struct`` or a plain dataclass msgspec encodes natively, so
+the wire never carries pickles.  Names and fields follow upstream LMCache 0.5.6.
+
+Every number and length that arrives on the wire is bounded here, once, with msgspec
+``Meta`` constraints: the decoder refuses an out-of-range field (naming it) before any
+handler runs, so no request can make the server loop over, allocate or hash more than
+these bounds allow.  Python callers constructing these types are not checked; the server is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+__all__ = [
+    "BlockAllocationRecord",
+    "BlockId",
+    "BlockIdList",
+    "BlockIds",
+    "EngineType",
+    "Handle",
+    "IPCCacheServerKey",
+    "InlineChunks",
+    "InstanceId",
+    "Int64",
+    "MAX_BLOCK_ID",
+    "MAX_BLOCK_SIZE",
+    "MAX_CACHE_SALT_LEN",
+    "MAX_HANDLE_BYTES",
+    "MAX_HIDDEN_DIM",
+    "MAX_KV_GROUPS",
+    "MAX_KV_READERS",
+    "MAX_LAYERS",
+    "MAX_NAME_LEN",
+    "MAX_RECORDS",
+    "MAX_TIMEOUT_S",
+    "MAX_TOKENS",
+    "MAX_WORLD_SIZE",
+    "Name",
+    "PrepareRetrieveResponse",
+    "PrepareStoreResponse",
+    "Rank",
+    "RegisterEngineDrivenContextPayload",
+    "RegisterEngineDrivenContextResponse",
+    "Salt",
+    "ServerStats",
+    "ShmSlotDescriptor",
+    "Timeout",
+    "TokenCount",
+    "TokenIds",
+    "WorldSize",
+    "validate_cache_salt",
+]
+
+_FORBIDDEN_SALT_CHARS = frozenset("@/\\\x00")
+MAX_CACHE_SALT_LEN = 128
+
+# -- wire bounds (see the module docstring) --------------------------------------------------
+MAX_WORLD_SIZE = 1024  # TP/PP ranks of one model instance
+MAX_TOKENS = 1 << 22  # tokens of one request (4,194,304)
+MAX_BLOCK_ID = (1 << 31) - 1
+MAX_KV_GROUPS = 64  # block-id lists (KV cache groups) of one request
+MAX_LAYERS = 4096
+MAX_BLOCK_SIZE = 1 << 16  # tokens per engine block
+MAX_HIDDEN_DIM = 1 << 24  # num_heads * head_size of one layer
+MAX_NAME_LEN = 1024  # model names, request ids, engine types
+MAX_HANDLE_BYTES = 64 * 1024  # event handles
+MAX_RECORDS = 1 << 16  # block-allocation records of one report
+MAX_TIMEOUT_S = 3600.0
+MAX_KV_READERS = 1 << 16
+
+Int64 = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+InstanceId = Int64  # a dict key only; upstream and lmcache-core pick random 62-bit ids
+WorldSize = Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)]
+Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]
+TokenCount = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
+TokenIds = Annotated[tuple[Int64, ...], Meta(max_length=MAX_TOKENS)]
+BlockId = Annotated[int, Meta(ge=0, le=MAX_BLOCK_ID)]
+BlockIdList = Annotated[list[BlockId], Meta(max_length=MAX_TOKENS)]
+BlockIds = Annotated[list[BlockIdList], Meta(max_length=MAX_KV_GROUPS)]
+Name = Annotated[str, Meta(max_length=MAX_NAME_LEN)]
+Handle = Annotated[bytes, Meta(max_length=MAX_HANDLE_BYTES)]
+Timeout = Annotated[float, Meta(ge=0.0, le=MAX_TIMEOUT_S)]
+Salt = Annotated[str, Meta(max_length=MAX_CACHE_SALT_LEN)]
+
+
+class EngineType(str, enum.Enum):
+    """The inference engine that owns a registered KV cache."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    DEFAULT = "default"
+
+
+@dataclasses.dataclass(order=True, frozen=True)
+class IPCCacheServerKey:
+    """Names a token range of one request on one worker (``worker_id`` = TP rank).
+
+    ``token_ids`` is the request's token prefix; ``[start, end)`` is the range to act on.
+    ``worker_id`` is ``None`` for a lookup on behalf of a whole TP group.
+    """
+
+    model_name: Name
+    world_size: WorldSize
+    worker_id: Rank | None
+    token_ids: TokenIds
+    start: TokenCount
+    end: TokenCount
+    request_id: Name = dataclasses.field(default="", compare=False)
+    cache_salt: Salt = ""
+    request_configs: dict[Name, Any] | None = dataclasses.field(default=None, compare=False)
+    num_kv_readers: Annotated[int, Meta(ge=0, le=MAX_KV_READERS)] = dataclasses.field(
+        default=0, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        validate_cache_salt(self.cache_salt)
+
+    @staticmethod
+    def from_token_ids(
+        model_name: str,
+        world_size: int,
+        worker_id: int | None,
+        token_ids: Any,
+        start: int = 0,
+        end: int = 0,
+        request_id: str = "",
+        cache_salt: str = "",
+        num_kv_readers: int = 1,
+        request_configs: dict[str, Any] | None = None,
+    ) -> IPCCacheServerKey:
+        tokens = tuple(int(t) for t in token_ids)
+        return IPCCacheServerKey(
+            model_name=model_name,
+            world_size=world_size,
+            worker_id=worker_id,
+            token_ids=tokens,
+            start=start,
+            end=end if end else len(tokens),
+            request_id=request_id,
+            cache_salt=cache_salt,
+            request_configs=request_configs,
+            num_kv_readers=num_kv_readers,
+        )
+
+    def no_worker_id_version(self) -> IPCCacheServerKey:
+        return dataclasses.replace(self, worker_id=None)
+
+    def require_num_kv_readers(self) -> int:
+        if self.num_kv_readers < 1:
+            raise ValueError(f"num_kv_readers must be >= 1, got {self.num_kv_readers}")
+        return self.num_kv_readers
+
+
+def validate_cache_salt(salt: str) -> None:
+    if len(salt) > MAX_CACHE_SALT_LEN:
+        raise ValueError(f"cache_salt longer than {MAX_CACHE_SALT_LEN} characters")
+    bad = _FORBIDDEN_SALT_CHARS.intersection(salt)
+    if bad:
+        raise ValueError(f"cache_salt may not contain {sorted(bad)!r}")
+
+
+class RegisterEngineDrivenContextPayload(msgspec.Struct):
+    instance_id: InstanceId
+    model_name: Name
+    world_size: WorldSize
+    block_size: Annotated[int, Meta(ge=1, le=MAX_BLOCK_SIZE)]
+    num_layers: Annotated[int, Meta(ge=1, le=MAX_LAYERS)]
+    hidden_dim_size: Annotated[int, Meta(ge=1, le=MAX_HIDDEN_DIM)]
+    dtype_str: Annotated[str, Meta(max_length=64)]
+    use_mla: bool
+    num_physical_slots: Annotated[int, Meta(ge=0, le=MAX_BLOCK_ID)] | None = None
+
+
+class RegisterEngineDrivenContextResponse(msgspec.Struct):
+    shm_name: str = ""
+    pool_size: int = 0
+
+
+class PrepareStoreResponse(msgspec.Struct):
+    context: dict[str, Any] = {}
+
+
+class PrepareRetrieveResponse(msgspec.Struct):
+    success: bool
+    data: bytes = b""
+    context: dict[str, Any] = {}
+
+
+class BlockAllocationRecord(msgspec.Struct):
+    """Upstream's per-request engine block-allocation delta (``report_block_allocation``)."""
+
+    req_id: Name
+    new_block_ids: BlockIdList
+    new_token_ids: Annotated[list[Int64], Meta(max_length=MAX_TOKENS)]
+
+
+class ShmSlotDescriptor(msgspec.Struct):
+    """One chunk's place in the server's shared-memory pool (byte offset and shape)."""
+
+    offset: int
+    length: int
+    shape: list[int]
+    dtype: str
+
+
+class InlineChunks(msgspec.Struct, forbid_unknown_fields=True):
+    """The engine-driven *inline* sub-path's ``data``: raw chunk bytes, in chunk order.
+
+    Replaces upstream's pickled list of tensors; shapes and dtype are known to both sides
+    from the registered context, so bytes are enough.
+    """
+
+    chunk_indices: list[int]
+    chunks: list[bytes]
+
+
+class ServerStats(msgspec.Struct):
+    """Counters read by tests, the benchmark and ``lmcache demo``."""
+
+    stored_tokens: int = 0
+    retrieved_tokens: int = 0
+    stored_chunks: int = 0
+    retrieved_chunks: int = 0
+    lookup_hit_tokens: int = 0
+    l1_chunks: int = 0
+    l1_used_bytes: int = 0
+    l1_capacity_bytes: int = 0
+    lmcache_driven_workers: int = 0
+    engine_driven_workers: int = 0
+    pending_prepares: int = 0
+    errors: int = 0
+    dropped_replies: int = 0
+    supported_transfer_mode: str = ""
+    shm_name: str = ""
+    chunk_size: int = 0
