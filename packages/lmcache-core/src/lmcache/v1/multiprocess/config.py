@@ -42,6 +42,7 @@ from lmcache.v1.multiprocess.server_flags import (
     add_observability_args,
 )
 from lmcache.v1.platform.transfer_mode import MPTransferMode
+from lmcache.v1.storage_backend.tier_settings import TierSettings
 
 __all__ = [
     "AUTO_SHM",
@@ -158,6 +159,19 @@ class MPServerConfig:
         if self.shm_name == AUTO_SHM:
             return f"lmcache_mp_{os.getpid()}_{uuid.uuid4().hex[:12]}"
         return self.shm_name.lstrip("/")
+
+    def tier_settings(self) -> TierSettings:
+        """The storage tiers these flags ask for (checks the --l2-* inputs; allocates nothing)."""
+        return TierSettings.from_server_flags(
+            chunk_size=self.chunk_size,
+            l1_size_gb=self.resolved_l1_size_gb(),
+            eviction_policy=self.eviction_policy,
+            blocking_timeout_secs=self.blocking_timeout_secs,
+            l2_disk_path=self.l2_disk_path,
+            l2_disk_size_gb=self.l2_disk_size_gb,
+            l2_disk_adopt=self.l2_disk_adopt,
+            l2_adapters=self.l2_adapters,
+        )
 
     def pool_workers(self) -> tuple[int, int]:
         """(transfer pool threads, other pool threads)."""
