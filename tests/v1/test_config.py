@@ -200,10 +200,10 @@ _ACCESSORS = {
 
 def _source_reads() -> dict[str, int]:
     """How often each typed key is read as ``config.<key>`` (or through an accessor, or
-    ``getattr(config, "<key>")``) outside lmcache/v1/config.py."""
-    own = Path(config_module.__file__).resolve()
+    ``getattr(config, "<key>")``) outside the lmcache/v1/config package."""
+    own = Path(config_module.__file__).resolve().parent
     root = own.parents[1]
-    text = "\n".join(p.read_text() for p in root.rglob("*.py") if p.resolve() != own)
+    text = "\n".join(p.read_text() for p in root.rglob("*.py") if own not in p.resolve().parents)
     reads = {}
     for key in config_module.config_keys():
         names = [key, *(a for a, k in _ACCESSORS.items() if k == key)]

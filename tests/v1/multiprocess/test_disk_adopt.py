@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from mp_server_helpers import BASE_ARGS, ServerProcess
 
-from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.server.startup import _disk_adopt, parse_l2_adapter
+from lmcache.v1.multiprocess.server.startup import parse_l2_adapter
 from lmcache.v1.storage_backend.local_disk_backend import MARKER_NAME
+from lmcache.v1.storage_backend.tier_settings import disk_adopt
 
 # SHM off: a refused start must not depend on (or leave) a shared-memory segment.
 NO_SHM = ["--shm-name", ""]
@@ -65,8 +65,6 @@ def test_adopted_folder_serves_and_keeps_foreign_files(tmp_path: Path, how: str)
 def test_adopt_in_the_adapter_must_be_a_boolean() -> None:
     spec = parse_l2_adapter('{"type": "disk", "path": "/data", "adopt": "yes"}')
     with pytest.raises(ValueError, match='"adopt" must be true or false'):
-        _disk_adopt(MPServerConfig(), [spec])
-    assert _disk_adopt(MPServerConfig(l2_disk_adopt=True), []) is True
-    assert (
-        _disk_adopt(MPServerConfig(), [parse_l2_adapter('{"type": "disk", "path": "/d"}')]) is False
-    )
+        disk_adopt(False, [spec])
+    assert disk_adopt(True, []) is True
+    assert disk_adopt(False, [parse_l2_adapter('{"type": "disk", "path": "/d"}')]) is False

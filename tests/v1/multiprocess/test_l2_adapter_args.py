@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.server.startup import _disk_tier, parse_l2_adapter
+from lmcache.v1.multiprocess.server.startup import parse_l2_adapter
+from lmcache.v1.storage_backend.tier_settings import disk_tier
 
 
 def test_resp_adapter_parses() -> None:
@@ -28,16 +29,18 @@ def test_bad_adapter_is_a_clear_error(raw: str, message: str) -> None:
 
 def test_disk_adapter_becomes_the_disk_tier() -> None:
     spec = parse_l2_adapter('{"type": "disk", "path": "/data", "size_gb": 3}')
-    assert _disk_tier(MPServerConfig(), [spec]) == ("/data", 3.0)
+    assert disk_tier(None, 0.0, [spec]) == ("/data", 3.0)
 
 
 def test_two_disk_tiers_are_refused() -> None:
-    spec = parse_l2_adapter('{"type": "disk", "path": "/data"}')
-    config = MPServerConfig(l2_disk_path="/other", l2_disk_size_gb=1.0)
+    raw = '{"type": "disk", "path": "/data"}'
+    config = MPServerConfig(
+        l1_size_gb=0.01, l2_disk_path="/other", l2_disk_size_gb=1.0, l2_adapters=[raw]
+    )
     with pytest.raises(ValueError, match="only one disk tier"):
-        _disk_tier(config, [spec])
+        config.tier_settings()
 
 
 def test_disk_adapter_needs_a_path() -> None:
     with pytest.raises(ValueError, match='needs a "path"'):
-        _disk_tier(MPServerConfig(), [parse_l2_adapter('{"type": "fs"}')])
+        disk_tier(None, 0.0, [parse_l2_adapter('{"type": "fs"}')])

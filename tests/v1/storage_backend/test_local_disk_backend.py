@@ -113,9 +113,9 @@ WRITER = textwrap.dedent(
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.memory_management import TensorMemoryObj
-    from lmcache.v1.storage_backend import local_disk_backend as ldb
+    from lmcache.v1.storage_backend import disk_files, local_disk_backend as ldb
 
-    real_write_all = ldb._write_all
+    real_write_all = disk_files._write_all
     PIECE = 64 * 1024
 
     def reporting_write_all(f, data):
@@ -127,7 +127,7 @@ WRITER = textwrap.dedent(
             os.write(1, f"W {f.name} {f.tell()}\\n".encode())
             time.sleep(0.002)
 
-    ldb._write_all = reporting_write_all
+    disk_files._write_all = reporting_write_all
     config = LMCacheEngineConfig.from_defaults(
         local_disk=sys.argv[1], max_local_disk_size="1GB",
         extra_config={"local_disk.num_workers": 2})

@@ -1,9 +1,9 @@
 """L2: one file per chunk on a local file system, bounded by bytes, crash-safe.
 
-A put writes ``<name>.<random>.tmp`` on a thread pool, fsyncs it, renames it to
-``<name>.lmc`` and fsyncs the folder, so a crash leaves either the old state or the complete
-file.  The index (key -> file) lives in memory and is rebuilt from the folder when the
-backend starts: unfinished writes are deleted, objects that fail validation are deleted.
+A put writes the chunk's file on a thread pool, crash-safe (temporary file, fsync, rename,
+folder fsync: :mod:`lmcache.v1.storage_backend.disk_files`).  The index (key -> file)
+lives in memory and is rebuilt from the folder when the backend starts: unfinished writes
+are deleted, objects that fail validation are deleted.
 
 The tier owns its folder and touches nothing else in it (marker, own names, foreign
 entries, adoption: :mod:`lmcache.v1.storage_backend.disk_folder`).  A folder holding
@@ -20,8 +20,9 @@ cannot compute -- is logged, deleted and reported as a miss; a reader never sees
 Evictions (files dropped to make room, including at start-up when the folder holds more
 than the tier's size) are counted in :attr:`LocalDiskBackend.evictions`.
 
-This module also re-exports the names of the chunk format and folder modules it was split
-from, so ``lmcache.v1.storage_backend.local_disk_backend`` keeps every name it had.
+This module is the index, the byte budget, eviction and pins; it also re-exports the
+names of the chunk format and folder modules it was split from, so
+``lmcache.v1.storage_backend.local_disk_backend`` keeps every name it had.
 """
 
 from __future__ import annotations
@@ -30,15 +31,13 @@ import json
 import logging
 import os
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
-from lmcache.utils import CacheEngineKey, parse_cache_key, str_to_dtype
+from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
 from lmcache.v1.memory.base import MemoryObj
 from lmcache.v1.memory.format import MemoryFormat
@@ -63,6 +62,13 @@ from lmcache.v1.storage_backend.chunk_format import (
     encode_header,
     encode_prefix,
     read_header,
+)
+from lmcache.v1.storage_backend.disk_files import (
+    DiskEntry,
+    read_chunk_file,
+    scan_folder,
+    unlink_quietly,
+    write_chunk_file,
 )
 from lmcache.v1.storage_backend.disk_folder import (
     FILE_SUFFIX,
@@ -95,6 +101,7 @@ __all__ = [
     "WRITE_CHECKSUM",
     "CorruptFileError",
     "DiskFolderError",
+    "EntryKind",
     "FolderState",
     "LocalDiskBackend",
     "PayloadChecksum",
@@ -110,19 +117,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Entry:
-    path: str
-    file_size: int
-    header: dict[str, Any]
-    pin_count: int = 0
-    readers: int = 0
-
-
-def _payload_view(obj: MemoryObj) -> memoryview:
-    return obj.byte_array
 
 
 class LocalDiskBackend(StorageBackendInterface):
@@ -154,7 +148,7 @@ class LocalDiskBackend(StorageBackendInterface):
         workers = int(self.config.get_extra_config_value("local_disk.num_workers", 4))
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmc-disk")
         self._lock = threading.Lock()
-        self._index: dict[CacheEngineKey, _Entry] = {}
+        self._index: dict[CacheEngineKey, DiskEntry] = {}
         self._policy = get_cache_policy(self.config.cache_policy)
         self._put_tasks: dict[CacheEngineKey, Future] = {}
         self._used = 0
@@ -186,26 +180,9 @@ class LocalDiskBackend(StorageBackendInterface):
         write_marker(self.path)
 
     def _rebuild_index(self) -> None:
-        found: list[tuple[float, CacheEngineKey, _Entry]] = []
-        removed = 0
-        with os.scandir(self.path) as entries:
-            for dirent in entries:
-                kind = classify_entry(dirent)
-                if kind == EntryKind.TMP:
-                    logger.info("removing unfinished write %s", dirent.path)
-                    self._unlink(dirent.path)
-                    removed += 1
-                elif kind == EntryKind.OBJECT:
-                    loaded = self._load_entry(dirent.path)
-                    if loaded is None:
-                        removed += 1
-                    else:
-                        found.append((dirent.stat(follow_symlinks=False).st_mtime, *loaded))
-        if removed and self._fsync:
-            fsync_directory(self.path)
-        found.sort(key=lambda item: item[0])
+        found = scan_folder(self.path, self._fsync)
         with self._lock:
-            for _, key, entry in found:
+            for key, entry in found:
                 self._index[key] = entry
                 self._policy.on_put(key)
                 self._used += entry.file_size
@@ -214,20 +191,6 @@ class LocalDiskBackend(StorageBackendInterface):
             logger.info(
                 "disk tier %s: %d objects (%d bytes) indexed", self.path, len(found), self._used
             )
-
-    def _load_entry(self, path: str) -> tuple[CacheEngineKey, _Entry] | None:
-        try:
-            size = os.path.getsize(path)
-            with open(path, "rb") as f:
-                header, _, _ = read_header(f, size)
-            key = parse_cache_key(header["key"])
-            if os.path.basename(path) != file_name_for(key):
-                raise CorruptFileError("file name does not match its key")
-        except (OSError, CorruptFileError, ValueError, KeyError) as exc:
-            logger.warning("corrupt cache file %s (%s): removed", path, exc)
-            self._unlink(path)
-            return None
-        return key, _Entry(path, size, header)
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -271,29 +234,17 @@ class LocalDiskBackend(StorageBackendInterface):
         file_size: int,
         on_complete_callback: Callable[[CacheEngineKey], None] | None,
     ) -> None:
-        final = os.path.join(self.path, file_name_for(key))
-        tmp = f"{final}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
         try:
-            payload = _payload_view(obj)
-            prefix = encode_prefix(header, payload)
-            with open(tmp, "wb", buffering=0) as f:
-                _write_all(f, prefix + header)
-                _write_all(f, payload)
-                if self._fsync:
-                    os.fsync(f.fileno())
-            os.replace(tmp, final)
-            if self._fsync:
-                fsync_directory(self.path)
+            final = write_chunk_file(self.path, key, obj, header, self._fsync)
         except BaseException:
             logger.exception("disk write of %s failed", key)
-            self._unlink(tmp)
             with self._lock:
                 self._used -= file_size
                 self._put_tasks.pop(key, None)
             obj.ref_count_down()
             raise
         with self._lock:
-            self._index[key] = _Entry(final, file_size, json.loads(header))
+            self._index[key] = DiskEntry(final, file_size, json.loads(header))
             self._policy.on_put(key)
             self._put_tasks.pop(key, None)
         obj.ref_count_down()
@@ -328,16 +279,7 @@ class LocalDiskBackend(StorageBackendInterface):
         entry = self._index.pop(key)
         self._policy.on_remove(key)
         self._used -= entry.file_size
-        self._unlink(entry.path)
-
-    @staticmethod
-    def _unlink(path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            logger.warning("cannot remove %s: %s", path, exc)
+        unlink_quietly(entry.path)
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -404,31 +346,8 @@ class LocalDiskBackend(StorageBackendInterface):
             return [self._get_indexed(key) for key in keys]
         return list(self._executor.map(self._get_indexed, keys))
 
-    def _read(self, key: CacheEngineKey, entry: _Entry) -> MemoryObj | None:
-        with open(entry.path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            header, payload_len, payload_sum = read_header(f, size)
-            if header["key"] != key.to_string():
-                raise CorruptFileError("key in header does not match")
-            shapes = [torch.Size(s) for s in header["shapes"]]
-            dtypes = [str_to_dtype(d) for d in header["dtypes"]]
-            fmt = MemoryFormat(header["fmt"])
-            obj = self._allocate(shapes, dtypes, fmt)
-            if obj is None:
-                logger.warning("no memory to read %s from disk", key)
-                return None
-            try:
-                if header.get("used_size") is not None:
-                    obj.set_used_size(int(header["used_size"]))
-                if obj.get_size() != payload_len:
-                    raise CorruptFileError("payload length does not match the header")
-                view = obj.byte_array
-                _read_exact(f, view)
-                payload_sum.verify(view)
-            except BaseException:
-                obj.ref_count_down()
-                raise
-        return obj
+    def _read(self, key: CacheEngineKey, entry: DiskEntry) -> MemoryObj | None:
+        return read_chunk_file(key, entry.path, self._allocate)
 
     def _allocate(
         self, shapes: list[torch.Size], dtypes: list[torch.dtype], fmt: MemoryFormat
@@ -495,21 +414,3 @@ class LocalDiskBackend(StorageBackendInterface):
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-
-
-def _write_all(f: BinaryIO, data: bytes | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        written = f.write(view)
-        if not written:
-            raise OSError("short write")
-        view = view[written:]
-
-
-def _read_exact(f: BinaryIO, dst: memoryview) -> None:
-    view = dst.cast("B") if dst.format != "B" else dst
-    while view:
-        n = f.readinto(view)  # type: ignore[attr-defined]
-        if not n:
-            raise CorruptFileError("truncated payload")
-        view = view[n:]

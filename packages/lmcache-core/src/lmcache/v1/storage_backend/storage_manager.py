@@ -32,6 +32,7 @@ from lmcache.v1.storage_backend.abstract_backend import (
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 from lmcache.v1.storage_backend.plugins import storage_plugin_launcher
+from lmcache.v1.storage_backend.tier_settings import TierSettings
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ L2_NAME = "LocalDiskBackend"
 
 
 def create_storage_backends(
-    config: LMCacheEngineConfig,
+    config: LMCacheEngineConfig | TierSettings,
     metadata: LMCacheMetadata | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
     dst_device: str = "cpu",
@@ -48,37 +49,55 @@ def create_storage_backends(
     shm_name: str | None = None,
 ) -> OrderedDict[str, StorageBackendInterface]:
     """Backends in lookup order, keyed as upstream ("LocalCPUBackend", "LocalDiskBackend",
-    then plugin names).  The CPU backend is always created: every tier allocates from it."""
+    the Redis tiers, then plugin names).  The CPU backend is always created: every tier
+    allocates from it.  ``config`` is the engine config or the :class:`TierSettings` built
+    from either config (the cache server's flags)."""
+    settings = (
+        config if isinstance(config, TierSettings) else TierSettings.from_engine_config(config)
+    )
+    engine_config = settings.config
     backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
-    cpu = LocalCPUBackend(config, metadata, dst_device, memory_allocator, shm_name)
-    backends[L1_NAME] = cpu
-    if config.local_disk and config.max_local_disk_size > 0:
-        backends[L2_NAME] = LocalDiskBackend(config, cpu, metadata, dst_device)
-    if config.remote_url is not None:
-        _add_remote_backend(config, metadata, loop, cpu, dst_device, backends)
-    storage_plugin_launcher(config, metadata, loop, cpu, dst_device, backends)
+    try:
+        cpu = LocalCPUBackend(engine_config, metadata, dst_device, memory_allocator, shm_name)
+        backends[L1_NAME] = cpu
+        if settings.disk_enabled:
+            backends[L2_NAME] = LocalDiskBackend(engine_config, cpu, metadata, dst_device)
+        _add_remote_tiers(settings, metadata, loop, cpu, dst_device, backends)
+        storage_plugin_launcher(engine_config, metadata, loop, cpu, dst_device, backends)
+    except BaseException:
+        _close_quietly(backends)  # a tier that cannot start must not leak the ones before it
+        raise
     return backends
 
 
-CreateStorageBackends = create_storage_backends
-
-
-def _add_remote_backend(
-    config: LMCacheEngineConfig,
+def _add_remote_tiers(
+    settings: TierSettings,
     metadata: LMCacheMetadata | None,
     loop: asyncio.AbstractEventLoop | None,
     cpu: LocalCPUBackend,
     dst_device: str,
     backends: OrderedDict[str, StorageBackendInterface],
 ) -> None:
-    """``remote_url`` redis:// or rediss:// -> the Redis tier as "RemoteBackend"."""
-    from lmcache.v1.storage_backend.redis.backend import RedisBackend
-    from lmcache.v1.storage_backend.redis.settings import is_redis_url
-
-    if not is_redis_url(config.remote_url):
-        logger.warning("remote_url %r: no remote backend for it; ignored", config.remote_url)
+    if not settings.remote:
         return
-    backends["RemoteBackend"] = RedisBackend(dst_device, config, metadata, cpu, loop)
+    from lmcache.v1.storage_backend.redis.backend import RedisBackend  # redis-py only if used
+
+    for tier in settings.remote:
+        backends[tier.name] = RedisBackend(
+            dst_device, settings.config, metadata, cpu, loop, settings=tier.settings
+        )
+        logger.info("remote tier %s added", tier.name)
+
+
+def _close_quietly(backends: OrderedDict[str, StorageBackendInterface]) -> None:
+    for backend in reversed(list(backends.values())):
+        try:
+            backend.close()
+        except Exception:
+            logger.exception("closing %s after a failed start-up", backend)
+
+
+CreateStorageBackends = create_storage_backends
 
 
 class StorageManager(AllocatorBackendInterface):

@@ -7,27 +7,23 @@ removes every segment it made (a crash loop must not fill /dev/shm).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections import OrderedDict
-from typing import Any
 
 import torch
 
-from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
 from lmcache.v1.multiprocess.wire.security import admin_policy
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
-from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-from lmcache.v1.storage_backend.storage_manager import (
-    L1_NAME,
-    StorageManager,
-    create_storage_backends,
-)
+from lmcache.v1.storage_backend.redis.connection import RedisUnavailableError
+from lmcache.v1.storage_backend.storage_manager import StorageManager, create_storage_backends
+from lmcache.v1.storage_backend.tier_settings import parse_l2_adapter
+
+__all__ = ["build_cache_server", "check_device_selection", "check_l1_fits", "parse_l2_adapter"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +47,11 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         config.admin_token_file,
         os.environ,
     )
-    adapters = [parse_l2_adapter(raw) for raw in config.l2_adapters]
-    disk_path, disk_size_gb = _disk_tier(config, adapters)
-    disk_adopt = _disk_adopt(config, adapters)
+    tiers = config.tier_settings()  # every tier input checked; nothing allocated yet
+    engine_config = tiers.config
+    disk_path = engine_config.local_disk if tiers.disk_enabled else None
     if disk_path:
-        inspect_disk_folder(disk_path, disk_adopt)  # refused before L1 memory exists
-    engine_config = LMCacheEngineConfig(
-        chunk_size=config.chunk_size,
-        max_local_cpu_size=config.resolved_l1_size_gb(),
-        cache_policy=config.eviction_policy,
-        local_disk=disk_path,
-        max_local_disk_size=disk_size_gb,
-        blocking_timeout_secs=config.blocking_timeout_secs,
-        extra_config={"local_disk.adopt": True} if disk_adopt else None,
-    )
+        inspect_disk_folder(disk_path, tiers.disk_adopt)  # refused before L1 memory exists
     shm_name = config.resolved_shm_name()
     check_l1_fits(engine_config.max_local_cpu_size, in_shm=shm_name is not None)
     shm_preexisting = shm_name is not None and _segment_exists(shm_name)
@@ -72,11 +59,12 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     storage: StorageManager | None = None
     try:
         try:
-            backends = create_storage_backends(engine_config, shm_name=shm_name)
+            backends = create_storage_backends(tiers, shm_name=shm_name)
+        except RedisUnavailableError:
+            raise  # names the Redis tier itself
         except OSError as exc:
-            tiers = f"L1 and the disk tier at {disk_path!r}" if disk_path else "L1"
-            raise OSError(f"cannot create {tiers}: {exc}") from exc
-        _add_remote_adapters(adapters, backends)
+            made = f"L1 and the disk tier at {disk_path!r}" if disk_path else "L1"
+            raise OSError(f"cannot create {made}: {exc}") from exc
         storage = StorageManager(engine_config, backends=backends)
         _prefault(storage)
         settings = CacheServerSettings(
@@ -149,73 +137,6 @@ def _release_partial_storage(
             backend.close()
     except Exception:
         logger.exception("cleanup after a failed start-up")
-
-
-_DISK_ADAPTER_TYPES = ("disk", "fs")
-_DEFAULT_DISK_ADAPTER_SIZE_GB = 10.0
-
-
-def parse_l2_adapter(raw: str) -> dict[str, Any]:
-    """One ``--l2-adapter`` JSON object; errors name the flag and the bad value."""
-    try:
-        spec = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--l2-adapter {raw!r} is not valid JSON: {exc}") from exc
-    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
-        raise ValueError(f'--l2-adapter {raw!r} must be a JSON object with a "type"')
-    from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES
-
-    known = (*L2_ADAPTER_TYPES, *_DISK_ADAPTER_TYPES)
-    if spec["type"] not in known:
-        raise ValueError(
-            f"--l2-adapter type {spec['type']!r} is not supported; supported: {', '.join(known)}"
-        )
-    return spec
-
-
-def _disk_tier(config: MPServerConfig, adapters: list[dict[str, Any]]) -> tuple[str | None, float]:
-    """(path, size GB) of the disk tier from --l2-disk-* or a disk adapter (one at most)."""
-    disks = [a for a in adapters if a["type"] in _DISK_ADAPTER_TYPES]
-    if config.l2_disk_path and config.l2_disk_size_gb > 0:
-        disks.insert(0, {"path": config.l2_disk_path, "size_gb": config.l2_disk_size_gb})
-    if len(disks) > 1:
-        raise ValueError("only one disk tier is supported (--l2-disk-path or one disk adapter)")
-    if not disks:
-        return None, 0.0
-    disk = disks[0]
-    if not isinstance(disk.get("path"), str) or not disk["path"]:
-        raise ValueError('--l2-adapter of type disk needs a "path"')
-    size = float(disk.get("size_gb", _DEFAULT_DISK_ADAPTER_SIZE_GB))
-    if size <= 0:
-        raise ValueError(f"--l2-adapter disk size_gb must be positive, got {size}")
-    return disk["path"], size
-
-
-def _disk_adopt(config: MPServerConfig, adapters: list[dict[str, Any]]) -> bool:
-    """Whether the disk tier may adopt a folder holding foreign files (--l2-disk-adopt or
-    ``"adopt": true`` in the disk adapter)."""
-    adopt = config.l2_disk_adopt
-    for spec in adapters:
-        if spec["type"] in _DISK_ADAPTER_TYPES and "adopt" in spec:
-            if not isinstance(spec["adopt"], bool):
-                raise ValueError(
-                    f'--l2-adapter disk "adopt" must be true or false, got {spec["adopt"]!r}'
-                )
-            adopt = adopt or spec["adopt"]
-    return adopt
-
-
-def _add_remote_adapters(
-    adapters: list[dict[str, Any]], backends: OrderedDict[str, StorageBackendInterface]
-) -> None:
-    from lmcache.v1.storage_backend.redis.factory import create_from_l2_adapter
-    from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES
-
-    cpu = backends[L1_NAME]
-    assert isinstance(cpu, LocalCPUBackend)
-    for index, spec in enumerate(a for a in adapters if a["type"] in L2_ADAPTER_TYPES):
-        backends[f"L2Adapter{index}:{spec['type']}"] = create_from_l2_adapter(spec, cpu)
-        logger.info("L2 adapter %d: %s tier added", index, spec["type"])
 
 
 def _prefault(storage: StorageManager) -> None:

@@ -22,7 +22,8 @@ on its own.  At start an unreachable Redis is an error, or a warning when ``opti
 
 Configuration: :class:`~.settings.RedisSettings` (``extra_config["storage_plugin.redis.
 <option>"]``, ``remote_url``, or the server's ``--l2-adapter '{"type": "resp", ...}'`` JSON).
-Connections and the breaker: :mod:`.connection`; per-shard dispatch: :mod:`.cluster`.
+Connections and the breaker: :mod:`.connection`; per-shard dispatch: :mod:`.cluster`;
+the put path: :mod:`.puts`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -49,18 +49,18 @@ from lmcache.v1.storage_backend.chunk_format import (
 )
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.redis.breaker import CircuitBreaker, RedisStats
-from lmcache.v1.storage_backend.redis.cluster import UNREACHED, ShardedConnections
-from lmcache.v1.storage_backend.redis.codec import EncodeBuffer, put_batches
+from lmcache.v1.storage_backend.redis.codec import EncodeBuffer
 from lmcache.v1.storage_backend.redis.connection import (
     aclose_quietly,
     counting_connection_classes,
 )
+from lmcache.v1.storage_backend.redis.puts import RedisPuts
 from lmcache.v1.storage_backend.redis.settings import RedisSettings
 
 logger = logging.getLogger(__name__)
 
 
-class RedisBackend(ShardedConnections, StoragePluginInterface):
+class RedisBackend(RedisPuts, StoragePluginInterface):
     """The Redis tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator)."""
 
     def __init__(
@@ -249,105 +249,6 @@ class RedisBackend(ShardedConnections, StoragePluginInterface):
             if obj is not None:
                 obj.ref_count_down()
         return objs
-
-    # -- puts ---------------------------------------------------------------------------------
-
-    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
-        with self._lock:
-            return key in self._put_tasks
-
-    def batched_submit_put_task(
-        self,
-        keys: Sequence[CacheEngineKey],
-        objs: list[MemoryObj],
-        transfer_spec: Any = None,
-        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
-    ) -> list[Future] | None:
-        """Queue ``SET NX`` pipelines; futures never raise (failed puts are counted)."""
-        if len(keys) != len(objs):
-            raise ValueError(f"{len(keys)} keys but {len(objs)} objects")
-        futures: list[Future] = []
-        for batch in put_batches(list(zip(keys, objs)), self.settings.max_batch_bytes):
-            with self._lock:
-                batch = [(k, o) for k, o in batch if k not in self._put_tasks]
-                if not batch:
-                    continue
-                for _, obj in batch:
-                    obj.ref_count_up()  # released once the value is encoded
-                future = self._executor.submit(self._put_batch, batch, on_complete_callback)
-                for key, _ in batch:
-                    self._put_tasks[key] = future
-            futures.append(future)
-        return futures
-
-    def _put_batch(
-        self,
-        batch: list[tuple[CacheEngineKey, MemoryObj]],
-        on_complete_callback: Callable[[CacheEngineKey], None] | None,
-    ) -> None:
-        keys = [key for key, _ in batch]
-        values: list[memoryview] = []
-        try:
-            try:
-                values = self._encoder.encode(batch)
-            finally:
-                for _, obj in batch:
-                    obj.ref_count_down()
-            stored = self._store(keys, values)
-        except Exception:
-            logger.exception("redis put of %d chunks failed", len(keys))
-            stored = None
-        finally:
-            with self._lock:
-                for key in keys:
-                    self._put_tasks.pop(key, None)
-        if stored is None:
-            self.stats.add(puts_dropped=len(keys))
-            return
-        landed = [i for i, answer in enumerate(stored) if answer is not UNREACHED]
-        self.stats.add(
-            puts=len(landed),
-            puts_dropped=len(keys) - len(landed),
-            put_bytes=sum(len(values[i]) for i in landed),
-        )
-        if on_complete_callback is not None:
-            for i in landed:
-                on_complete_callback(keys[i])
-
-    def _store(self, keys: list[CacheEngineKey], values: list[memoryview]) -> list[Any] | None:
-        """SET NX answers per key (:data:`UNREACHED` for a cluster shard that is down);
-        None if nothing could be stored."""
-        ttl_ms = int(self.settings.ttl_s * 1000) if self.settings.ttl_s is not None else None
-        names = [self.redis_key(key) for key in keys]
-
-        def op(client: Any, indices: Sequence[int]) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            for i in indices:
-                # NX: the first value of a key wins (keys name content, so a second
-                # writer has nothing new to say) and readers never see a value change.
-                pipe.set(names[i], values[i], nx=True, px=ttl_ms)
-            answers = list(pipe.execute(raise_on_error=False))
-            failed = [a for a in answers if isinstance(a, Exception)]
-            if failed:
-                raise failed[0]
-            return answers
-
-        if self.settings.cluster:
-            return self._run_sharded(names, op, "put", unreached=UNREACHED)
-        return self._run(lambda c: op(c, range(len(keys))), "put")  # type: ignore[no-any-return]
-
-    def _wait_for_pending(self, keys: list[CacheEngineKey]) -> None:
-        with self._lock:
-            pending = {id(f): f for k in keys if (f := self._put_tasks.get(k)) is not None}
-        for future in pending.values():
-            future.exception()
-
-    def wait_for_puts(self) -> None:
-        """Block until every submitted put has finished (tests, shutdown, benchmarks)."""
-        with self._lock:
-            pending = {id(f): f for f in self._put_tasks.values()}
-        for future in pending.values():
-            future.exception()
 
     # -- pins and removal ---------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""Which storage tiers to build, and how: one small settings object built from either config.
+
+The engine configuration (YAML / ``LMCACHE_*``: :meth:`TierSettings.from_engine_config`)
+and the cache server's flags (``--l1-size-gb``, ``--l2-disk-*``, ``--l2-adapter``:
+:meth:`TierSettings.from_server_flags`) both become a :class:`TierSettings`, and
+:func:`~lmcache.v1.storage_backend.storage_manager.create_storage_backends` builds the tiers
+from it -- one code path, whichever config they came from.  Building the settings checks
+every input (adapter JSON, one disk tier at most, Redis options) before any memory exists.
+
+Storage never imports the server: the server passes its flag values as arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES, RedisSettings, is_redis_url
+
+logger = logging.getLogger(__name__)
+
+DISK_ADAPTER_TYPES = ("disk", "fs")
+DEFAULT_DISK_ADAPTER_SIZE_GB = 10.0
+REMOTE_NAME = "RemoteBackend"
+"""Upstream's name of the tier that ``remote_url`` configures."""
+ADOPT_OPTION = "local_disk.adopt"
+
+
+@dataclass(frozen=True)
+class RemoteTier:
+    """A Redis tier to build: its name among the backends, and its options."""
+
+    name: str
+    settings: RedisSettings
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """The tiers to build.  ``config`` is what L1, the disk tier and the storage plugins
+    read (their constructors keep upstream's signatures); ``remote`` are the Redis tiers."""
+
+    config: LMCacheEngineConfig
+    remote: tuple[RemoteTier, ...] = ()
+
+    @property
+    def disk_enabled(self) -> bool:
+        return bool(self.config.local_disk) and self.config.max_local_disk_size > 0
+
+    @property
+    def disk_adopt(self) -> bool:
+        """Whether the disk tier may use a folder holding files it did not write."""
+        return bool(self.config.get_extra_config_value(ADOPT_OPTION, False))
+
+    @classmethod
+    def from_engine_config(cls, config: LMCacheEngineConfig) -> TierSettings:
+        """L1, disk and plugins as ``config`` says; ``remote_url`` (redis:// or rediss://)
+        adds the Redis tier as "RemoteBackend"."""
+        remote: tuple[RemoteTier, ...] = ()
+        if config.remote_url is not None:
+            if is_redis_url(config.remote_url):
+                remote = (RemoteTier(REMOTE_NAME, RedisSettings.from_config(config)),)
+            else:
+                logger.warning(
+                    "remote_url %r: no remote backend for it; ignored", config.remote_url
+                )
+        return cls(config, remote)
+
+    @classmethod
+    def from_server_flags(
+        cls,
+        *,
+        chunk_size: int,
+        l1_size_gb: float,
+        eviction_policy: str,
+        blocking_timeout_secs: int,
+        l2_disk_path: str | None = None,
+        l2_disk_size_gb: float = 0.0,
+        l2_disk_adopt: bool = False,
+        l2_adapters: Sequence[str] = (),
+    ) -> TierSettings:
+        """The tiers of ``lmcache server``: L1, the disk tier from ``--l2-disk-*`` or one
+        disk adapter, and a Redis tier per Redis ``--l2-adapter`` ("L2Adapter<i>:<type>")."""
+        adapters = [parse_l2_adapter(raw) for raw in l2_adapters]
+        disk_path, disk_size_gb = disk_tier(l2_disk_path, l2_disk_size_gb, adapters)
+        adopt = disk_adopt(l2_disk_adopt, adapters)
+        config = LMCacheEngineConfig(
+            chunk_size=chunk_size,
+            max_local_cpu_size=l1_size_gb,
+            cache_policy=eviction_policy,
+            local_disk=disk_path,
+            max_local_disk_size=disk_size_gb,
+            blocking_timeout_secs=blocking_timeout_secs,
+            extra_config={ADOPT_OPTION: True} if adopt else None,
+        )
+        redis_specs = [a for a in adapters if a["type"] in L2_ADAPTER_TYPES]
+        remote = tuple(
+            RemoteTier(f"L2Adapter{i}:{spec['type']}", RedisSettings.from_l2_adapter(spec))
+            for i, spec in enumerate(redis_specs)
+        )
+        return cls(config, remote)
+
+
+def parse_l2_adapter(raw: str) -> dict[str, Any]:
+    """One ``--l2-adapter`` JSON object; errors name the flag and the bad value."""
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--l2-adapter {raw!r} is not valid JSON: {exc}") from exc
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+        raise ValueError(f'--l2-adapter {raw!r} must be a JSON object with a "type"')
+    known = (*L2_ADAPTER_TYPES, *DISK_ADAPTER_TYPES)
+    if spec["type"] not in known:
+        raise ValueError(
+            f"--l2-adapter type {spec['type']!r} is not supported; supported: {', '.join(known)}"
+        )
+    return spec
+
+
+def disk_tier(
+    path: str | None, size_gb: float, adapters: Sequence[Mapping[str, Any]]
+) -> tuple[str | None, float]:
+    """(path, size GB) of the disk tier from --l2-disk-* or a disk adapter (one at most)."""
+    disks = [a for a in adapters if a["type"] in DISK_ADAPTER_TYPES]
+    if path and size_gb > 0:
+        disks.insert(0, {"path": path, "size_gb": size_gb})
+    if len(disks) > 1:
+        raise ValueError("only one disk tier is supported (--l2-disk-path or one disk adapter)")
+    if not disks:
+        return None, 0.0
+    disk = disks[0]
+    if not isinstance(disk.get("path"), str) or not disk["path"]:
+        raise ValueError('--l2-adapter of type disk needs a "path"')
+    size = float(disk.get("size_gb", DEFAULT_DISK_ADAPTER_SIZE_GB))
+    if size <= 0:
+        raise ValueError(f"--l2-adapter disk size_gb must be positive, got {size}")
+    return disk["path"], size
+
+
+def disk_adopt(adopt_flag: bool, adapters: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the disk tier may adopt a folder holding foreign files (--l2-disk-adopt or
+    ``"adopt": true`` in the disk adapter)."""
+    adopt = adopt_flag
+    for spec in adapters:
+        if spec["type"] in DISK_ADAPTER_TYPES and "adopt" in spec:
+            if not isinstance(spec["adopt"], bool):
+                raise ValueError(
+                    f'--l2-adapter disk "adopt" must be true or false, got {spec["adopt"]!r}'
+                )
+            adopt = adopt or spec["adopt"]
+    return adopt
