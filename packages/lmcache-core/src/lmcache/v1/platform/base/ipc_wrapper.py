@@ -21,6 +21,7 @@ from lmcache.v1.platform.base.ipc_wire import (
     TensorMetadata,
     WireIPCData,
 )
+from lmcache.v1.platform.dtype_names import dtype_to_str, str_to_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -68,23 +69,6 @@ def _import_backend_wrappers() -> None:
         importers = list(_backend_wrapper_importers)
     for importer in importers:
         importer()
-
-
-def dtype_to_str(dtype: torch.dtype) -> str:
-    """torch's own dtype name without the module (``float16``), as sent on the MP wire.
-
-    Not :func:`lmcache.utils.dtype_to_str`, whose short names (``half``) are part of
-    cache keys and on-disk headers.
-    """
-    return str(dtype).removeprefix("torch.")
-
-
-def str_to_dtype(name: str) -> torch.dtype:
-    """Inverse of :func:`dtype_to_str`; a ``torch.`` prefix is accepted too."""
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {name!r}")
-    return dtype
 
 
 class DeviceIPCWrapper:
