@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 import torch
@@ -29,10 +29,13 @@ _WRAPPER_TYPES: dict[str, type[DeviceIPCWrapper]] = {}
 _WRAPPER_TYPES_LOCK = threading.Lock()
 
 
-def register_ipc_wrapper(tag: str) -> Any:
+WrapperT = TypeVar("WrapperT", bound="DeviceIPCWrapper")
+
+
+def register_ipc_wrapper(tag: str) -> Callable[[type[WrapperT]], type[WrapperT]]:
     """Class decorator: allow ``cls`` on the wire under ``tag``."""
 
-    def decorate(cls: type[DeviceIPCWrapper]) -> type[DeviceIPCWrapper]:
+    def decorate(cls: type[WrapperT]) -> type[WrapperT]:
         with _WRAPPER_TYPES_LOCK:
             existing = _WRAPPER_TYPES.get(tag)
             if existing is not None and existing is not cls:
