@@ -19,7 +19,7 @@ chunk size and an optional ``engine_kv_format`` (keyword, or on ``layout_hints``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -28,6 +28,9 @@ from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
 from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 from lmcache.v1.platform.torch_ops.plan import PagedLayout, paged_layout_from_tensors
+
+if TYPE_CHECKING:
+    from lmcache.v1.platform.base.streams import IPCEvent
 
 # The engine layouts the MP server's ``KVLayout`` understands.
 _SERVER_FORMATS = (EngineKVFormat.NL_X_TWO_NB_BS_NH_HS, EngineKVFormat.NL_X_NB_BS_HS)
@@ -183,7 +186,7 @@ class CudaCacheContext(BaseCacheContext):
         objects: Sequence[torch.Tensor],
         block_ids: Sequence[int] | torch.Tensor,
         skip_prefix_n_blocks: int = 0,
-        wait_for: Any = None,
+        wait_for: IPCEvent | None = None,
     ) -> torch.cuda.Event:
         """Copy whole blocks between the mapped cache and LMCache objects on :attr:`stream`.
 
@@ -197,7 +200,8 @@ class CudaCacheContext(BaseCacheContext):
         ops = spec.get_ops() if spec is not None else None
         stream = self.stream
         if wait_for is not None:
-            stream.wait_event(wait_for)
+            # The server imported it through this device's event backend: a CUDA event.
+            stream.wait_event(cast(torch.cuda.Event, wait_for))
         paged = self.kv_tensors if len(self.kv_tensors) > 1 else self.kv_tensors[0]
         with torch.cuda.stream(stream):
             transfer = (
@@ -227,7 +231,7 @@ class CudaCacheContext(BaseCacheContext):
         self._pointer_table = None
         self._stream = None
 
-    def report_status(self) -> dict[str, Any]:
+    def report_status(self) -> dict[str, object]:
         status = super().report_status()
         status.update(
             engine_kv_format=self._format.name,

@@ -12,16 +12,19 @@ selection never sees both.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lmcache.v1.platform.base.device_spec import DeviceSpec
 
 if TYPE_CHECKING:
+    import torch
+
     from lmcache.v1.platform.base.cache_context import BaseCacheContext
     from lmcache.v1.platform.base.device_ops import DeviceOps
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend
     from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
     from lmcache.v1.platform.base.pin_memory import PinMemoryBackend
+    from lmcache.v1.platform.base.streams import DeviceStream
 
 PRIORITY = 10
 
@@ -111,8 +114,8 @@ class CudaDeviceSpec(DeviceSpec):
 
         return CudaPinMemoryBackend
 
-    def get_stream_handle(self, stream: Any) -> int:
-        return int(stream.cuda_stream)
+    def get_stream_handle(self, stream: DeviceStream) -> int:
+        return int(cast("torch.cuda.Stream", stream).cuda_stream)
 
 
 class RocmDeviceSpec(CudaDeviceSpec):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -47,7 +47,11 @@ class CudaDeviceOps(NativeDeviceOps):
     native_loader = load_native_ops
 
     def tensor_from_ptr(
-        self, ptr: int, shape: Sequence[int], dtype: torch.dtype, device: Any = None
+        self,
+        ptr: int,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
     ) -> torch.Tensor:
         """Zero-copy view of device memory (``__cuda_array_interface__``); host pointers
         keep the baseline's host view."""

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from lmcache.v1.platform.base.cache_context import BaseCacheContext
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend
     from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+    from lmcache.v1.platform.base.streams import DeviceLike
 
 AVAILABLE_ENV_VAR = "LMCACHE_TEST_HOSTSIM_AVAILABLE"
 TRACE_ENV_VAR = "LMCACHE_TEST_HOSTSIM_TRACE"
@@ -73,5 +74,5 @@ class HostSimDeviceSpec(DeviceSpec):
 
         return HostSimCacheContext(*args, **kwargs)
 
-    def synchronize_device(self, device: Any = None) -> None:
+    def synchronize_device(self, device: DeviceLike = None) -> None:
         return None

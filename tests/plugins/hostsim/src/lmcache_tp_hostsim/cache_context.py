@@ -8,7 +8,7 @@ to follow an event that did not come through ``HostSimEventIPCBackend``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -18,6 +18,9 @@ from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.ops_types import PageBufferShapeDesc, TransferDirection
 from lmcache_tp_hostsim._trace import trace
 from lmcache_tp_hostsim.events import HostSimEvent
+
+if TYPE_CHECKING:
+    from lmcache.v1.platform.base.streams import IPCEvent
 
 
 class HostSimCacheContext(BaseCacheContext):
@@ -60,7 +63,7 @@ class HostSimCacheContext(BaseCacheContext):
         objects: Sequence[torch.Tensor],
         block_ids: Sequence[int] | torch.Tensor,
         skip_prefix_n_blocks: int = 0,
-        wait_for: Any = None,
+        wait_for: IPCEvent | None = None,
     ) -> HostSimEvent:
         if wait_for is not None and not isinstance(wait_for, HostSimEvent):
             raise RuntimeError(f"hostsim cannot follow a foreign event {wait_for!r}")
@@ -90,7 +93,7 @@ class HostSimCacheContext(BaseCacheContext):
         for wrapper in self._wrappers:
             wrapper.close()
 
-    def report_status(self) -> dict[str, Any]:
+    def report_status(self) -> dict[str, object]:
         status = super().report_status()
         status["transfers"] = dict(self.transfers)
         return status

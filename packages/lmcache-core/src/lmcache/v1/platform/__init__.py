@@ -21,7 +21,13 @@ from lmcache.v1.platform.registry import (
 from lmcache.v1.platform.registry import current_device_spec as get_current_device_spec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
     from lmcache.v1.platform.base.device_ops import DeviceOps
+    from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+    from lmcache.v1.platform.base.streams import DeviceLike
 
 # Upstream exposes the *selected spec instance* under this name; we keep the name.
 _LAZY_ATTRIBUTES = ("torch_dev", "torch_device_type", "current_device_spec")
@@ -75,16 +81,17 @@ def serving_device_type(torch_device_type: str) -> str:
     return torch_device_type
 
 
-def resolve_kv_wrapper_factory(device_type: str) -> Any:
+def resolve_kv_wrapper_factory(device_type: str) -> Callable[[torch.Tensor], DeviceIPCWrapper]:
     """``ipc_wrapper_cls.wrap`` of the backend serving ``device_type``."""
     spec = get_device_spec(device_type)
     wrapper_cls = spec.ipc_wrapper_cls if spec is not None else None
     if wrapper_cls is None:
         raise ValueError(f"No KV-cache wrapper factory registered for device type {device_type!r}")
-    return getattr(wrapper_cls, "wrap", wrapper_cls)
+    factory: Callable[[torch.Tensor], DeviceIPCWrapper] = getattr(wrapper_cls, "wrap", wrapper_cls)
+    return factory
 
 
-def synchronize_device(device: Any) -> None:
+def synchronize_device(device: DeviceLike) -> None:
     """Wait for all work on ``device``; a no-op for cpu."""
     device_type = getattr(device, "type", str(device).split(":", 1)[0])
     if device_type == "cpu":

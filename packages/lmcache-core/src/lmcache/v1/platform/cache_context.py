@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.device_spec import DeviceSpec
@@ -19,6 +19,7 @@ from lmcache.v1.platform.registry import get_device_spec
 
 if TYPE_CHECKING:
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend
+    from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 
 DeviceSpecLookup = Callable[[str], DeviceSpec | None]
 
@@ -36,7 +37,7 @@ class LMCacheDrivenDevice:
     events: EventIPCBackend
 
     def create_cache_context(
-        self, kv_caches: Sequence[Any], *args: Any, **kwargs: Any
+        self, kv_caches: Sequence[DeviceIPCWrapper], *args: object, **kwargs: object
     ) -> BaseCacheContext:
         """``DeviceSpec.create_cache_context``; a spec without one is unsupported, not a bug."""
         try:
@@ -45,14 +46,14 @@ class LMCacheDrivenDevice:
             raise LMCacheDrivenUnsupportedError(str(exc)) from None
 
 
-def _wrapper_device_type(wrapper: Any) -> str:
+def _wrapper_device_type(wrapper: DeviceIPCWrapper) -> str:
     device_type = getattr(type(wrapper), "device_type", "")
     if device_type:
         return str(device_type)
     return str(wrapper.to_tensor().device.type)
 
 
-def declared_device_type(kv_caches: Sequence[Any]) -> str:
+def declared_device_type(kv_caches: Sequence[DeviceIPCWrapper]) -> str:
     """The one device type the registered KV-cache wrappers declare (``ValueError`` if not)."""
     if not kv_caches:
         raise ValueError("a KV cache needs at least one wrapper")
@@ -101,7 +102,9 @@ def check_event_support(device: LMCacheDrivenDevice, context: BaseCacheContext) 
         raise _unsupported(device.device_type, device.spec.backend_name, str(exc)) from None
 
 
-def create_cache_context(kv_caches: Sequence[Any], *args: Any, **kwargs: Any) -> BaseCacheContext:
+def create_cache_context(
+    kv_caches: Sequence[DeviceIPCWrapper], *args: object, **kwargs: object
+) -> BaseCacheContext:
     """Dispatch to ``DeviceSpec.create_cache_context`` of the wrappers' device type."""
     if not kv_caches:
         raise ValueError("create_cache_context needs a non-empty list of KV-cache wrappers")

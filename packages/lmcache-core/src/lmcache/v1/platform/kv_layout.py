@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-from lmcache.v1.platform.base.ipc_wrapper import dtype_to_str as dtype_name
-from lmcache.v1.platform.base.ipc_wrapper import str_to_dtype as dtype_from_name
+from lmcache.v1.platform.dtype_names import dtype_to_str as dtype_name
+from lmcache.v1.platform.dtype_names import str_to_dtype as dtype_from_name
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
 
 __all__ = ["KVLayout", "dtype_from_name", "dtype_name"]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 
 from lmcache.v1.platform import resolve_kv_wrapper_factory
+from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 
 logger = logging.getLogger(__name__)
 
-KVCache = list[Any]
+KVCache = list[DeviceIPCWrapper]
 
 
-def wrap_one_kv_cache(tensor: torch.Tensor, device_type: str | None = None) -> Any:
+def wrap_one_kv_cache(tensor: torch.Tensor, device_type: str | None = None) -> DeviceIPCWrapper:
     """The device's ``DeviceIPCWrapper`` for ``tensor`` (via ``ipc_wrapper_cls.wrap``).
 
     ``device_type`` names the serving backend's device type when it is not the tensor's own

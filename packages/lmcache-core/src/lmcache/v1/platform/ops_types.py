@@ -20,6 +20,7 @@ from lmcache.v1.platform.kv_formats import EngineKVFormat, format_spec
 
 __all__ = [
     "KVIndexError",
+    "EventRecord",
     "BatchStep",
     "EngineKVFormat",
     "GPUKVFormat",
@@ -35,6 +36,10 @@ __all__ = [
     "is_layer_list",
     "is_mla",
 ]
+
+# One stream-ordered event record, as ``DeviceOps.drain_recorded_events`` returns it:
+# (event type, session id, timestamp, string metadata, integer metadata).
+EventRecord = tuple[str, str, float, dict[str, str], dict[str, int]]
 
 
 class KVIndexError(IndexError, ValueError):

@@ -21,6 +21,7 @@ from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend
+from lmcache.v1.platform.base.streams import IPCEvent
 from lmcache.v1.platform.cache_context import (
     LMCacheDrivenUnsupportedError,
     check_event_support,
@@ -198,7 +199,7 @@ class LMCacheDrivenOps(WorkerRegistry):
         self._count_retrieved(spans, worker, DIRECT_SUB_PATH)
         return b"", True
 
-    def _import_worker_event(self, worker: Worker, handle: bytes) -> Any:
+    def _import_worker_event(self, worker: Worker, handle: bytes) -> IPCEvent | None:
         """The worker's event (through its device's backend) the copy must follow, if any."""
         if not handle or worker.events is None or worker.context is None:
             return None
@@ -214,7 +215,7 @@ class LMCacheDrivenOps(WorkerRegistry):
         ids: list[int],
         direction: TransferDirection,
         skip_blocks: int,
-        worker_event: Any,
+        worker_event: IPCEvent | None,
     ) -> None:
         """The worker's cache context copies (after ``worker_event``); we wait for its event."""
         context, events = worker.context, worker.events

@@ -39,7 +39,9 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     RegisterEngineDrivenContextPayload,
 )
 from lmcache.v1.platform import get_device_spec, serving_device_type
+from lmcache.v1.platform.base.event_ipc import EventIPCBackend
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+from lmcache.v1.platform.base.streams import DeviceLike, IPCEvent
 from lmcache.v1.platform.kv_layout import KVLayout, dtype_from_name, dtype_name
 from lmcache.v1.platform.ops_types import TransferDirection
 from lmcache.v1.platform.transfer_mode import MPTransferMode, resolve_transfer_mode
@@ -99,7 +101,7 @@ class TransferContext(abc.ABC):
     @abc.abstractmethod
     def unregister(self) -> Future[Any] | None: ...
 
-    def create_recorded_event(self) -> Any:
+    def create_recorded_event(self) -> IPCEvent | None:
         return None
 
     @abc.abstractmethod
@@ -109,7 +111,7 @@ class TransferContext(abc.ABC):
         key: IPCCacheServerKey,
         kv_caches: Any,
         block_ids: list[list[int]],
-        event: Any,
+        event: IPCEvent | None,
         blocks_in_chunk: int,
     ) -> Future[bool]: ...
 
@@ -120,7 +122,7 @@ class TransferContext(abc.ABC):
         key: IPCCacheServerKey,
         kv_caches: Any,
         block_ids: list[list[int]],
-        event: Any,
+        event: IPCEvent | None,
         blocks_in_chunk: int,
         skip_first_n_tokens: int = 0,
     ) -> Future[bool]: ...
@@ -204,13 +206,13 @@ class LMCacheDrivenTransferContext(TransferContext):
         self.req_client.unregister_kv_cache(self.instance_id)
         return _done(None)
 
-    def create_recorded_event(self) -> Any:
+    def create_recorded_event(self) -> IPCEvent | None:
         device = self._kv[0].device if self._kv else self.device_type
         event = self._events.create_event(device)
         self._events.record_event(event, None)
         return event
 
-    def _handle(self, event: Any) -> bytes:
+    def _handle(self, event: IPCEvent | None) -> bytes:
         if event is None:
             event = self.create_recorded_event()
         device = self._kv[0].device if self._kv else self.device_type
@@ -227,7 +229,7 @@ class LMCacheDrivenTransferContext(TransferContext):
         key: IPCCacheServerKey,
         kv_caches: Any,
         block_ids: list[list[int]],
-        event: Any,
+        event: IPCEvent | None,
         blocks_in_chunk: int,
     ) -> Future[bool]:
         try:
@@ -245,7 +247,7 @@ class LMCacheDrivenTransferContext(TransferContext):
         key: IPCCacheServerKey,
         kv_caches: Any,
         block_ids: list[list[int]],
-        event: Any,
+        event: IPCEvent | None,
         blocks_in_chunk: int,
         skip_first_n_tokens: int = 0,
     ) -> Future[bool]:
@@ -424,7 +426,7 @@ class EngineDrivenTransferContext(TransferContext):
         key: IPCCacheServerKey,
         kv_caches: Any,
         block_ids: list[list[int]],
-        event: Any,
+        event: IPCEvent | None,
         blocks_in_chunk: int,
     ) -> Future[bool]:
         try:
@@ -461,7 +463,7 @@ class EngineDrivenTransferContext(TransferContext):
         key: IPCCacheServerKey,
         kv_caches: Any,
         block_ids: list[list[int]],
-        event: Any,
+        event: IPCEvent | None,
         blocks_in_chunk: int,
         skip_first_n_tokens: int = 0,
     ) -> Future[bool]:
@@ -499,7 +501,7 @@ class EngineDrivenTransferContext(TransferContext):
 # ----------------------------------------------------------------------------------------
 
 
-def require_event_ipc(device_type: str, device: Any) -> Any:
+def require_event_ipc(device_type: str, device: DeviceLike) -> EventIPCBackend:
     """The device's event-IPC backend, or ``ValueError`` naming what is missing."""
     spec = get_device_spec(device_type)
     backend_name = spec.backend_name if spec is not None else device_type

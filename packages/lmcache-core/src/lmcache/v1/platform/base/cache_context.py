@@ -13,11 +13,12 @@ import abc
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 if TYPE_CHECKING:
+    from lmcache.v1.platform.base.streams import IPCEvent
     from lmcache.v1.platform.kv_layout import KVLayout
     from lmcache.v1.platform.ops_types import PageBufferShapeDesc, TransferDirection
 
@@ -27,18 +28,20 @@ class BaseCacheContext(abc.ABC):
 
     device_type: ClassVar[str] = ""
 
-    def __init__(self, *, kv_caches: list[torch.Tensor], device: Any, num_layers: int) -> None:
+    def __init__(
+        self, *, kv_caches: list[torch.Tensor], device: torch.device, num_layers: int
+    ) -> None:
         if not kv_caches:
             raise ValueError("a cache context needs at least one KV-cache tensor")
         self._kv_caches = list(kv_caches)
         self._device = device
         self._num_layers = num_layers
-        self._imported_events: dict[int, Any] = {}
+        self._imported_events: dict[int, IPCEvent] = {}
         self._event_tokens = itertools.count(1)
         self._events_lock = threading.Lock()
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         return self._device
 
     @property
@@ -49,7 +52,7 @@ class BaseCacheContext(abc.ABC):
     def num_layers(self) -> int:
         return self._num_layers
 
-    def hold_imported_event(self, event: Any) -> int:
+    def hold_imported_event(self, event: IPCEvent) -> int:
         """Keep an imported worker event alive until the stream wait on it has drained."""
         with self._events_lock:
             token = next(self._event_tokens)
@@ -76,8 +79,8 @@ class BaseCacheContext(abc.ABC):
         objects: Sequence[torch.Tensor],
         block_ids: Sequence[int] | torch.Tensor,
         skip_prefix_n_blocks: int = 0,
-        wait_for: Any = None,
-    ) -> Any:
+        wait_for: IPCEvent | None = None,
+    ) -> IPCEvent:
         """Copy whole blocks between the mapped KV cache and LMCache chunk objects.
 
         ``D2H`` gathers ``block_ids`` into ``objects`` (host views shaped
@@ -97,7 +100,7 @@ class BaseCacheContext(abc.ABC):
     def close(self) -> None:
         """Release every mapping and buffer; the context is unusable afterwards."""
 
-    def report_status(self) -> dict[str, Any]:
+    def report_status(self) -> dict[str, object]:
         return {
             "device_type": self.device_type,
             "device": str(self._device),

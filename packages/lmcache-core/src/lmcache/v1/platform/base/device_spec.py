@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend
     from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
     from lmcache.v1.platform.base.pin_memory import PinMemoryBackend
+    from lmcache.v1.platform.base.streams import (
+        DeviceLike,
+        DeviceStream,
+        StreamEvent,
+        TorchDeviceModule,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +130,7 @@ class DeviceSpec:
         """Event-IPC capability for LMCache-driven mode; ``None`` means unsupported."""
         return None
 
-    def create_cache_context(self, *args: Any, **kwargs: Any) -> BaseCacheContext:
+    def create_cache_context(self, *args: object, **kwargs: object) -> BaseCacheContext:
         """Build this device's ``BaseCacheContext``; required for LMCache-driven mode."""
         raise NotImplementedError(
             f"DeviceSpec {type(self).__name__} (backend {self.backend_name!r}) does not "
@@ -156,7 +162,7 @@ class DeviceSpec:
         return self._get_pin_backend().is_pin_supported
 
     # -- streams ------------------------------------------------------------------------
-    def _get_torch_module(self) -> Any:
+    def _get_torch_module(self) -> TorchDeviceModule:
         import torch
 
         module = getattr(torch, self.torch_module_name, None) if self.torch_module_name else None
@@ -167,27 +173,27 @@ class DeviceSpec:
             )
         return module
 
-    def current_stream(self, device: Any = None) -> Any:
+    def current_stream(self, device: DeviceLike = None) -> DeviceStream:
         return self._get_torch_module().current_stream(device)
 
-    def get_stream_handle(self, stream: Any) -> int:
+    def get_stream_handle(self, stream: DeviceStream) -> int:
         raise NotImplementedError(
             f"backend {self.backend_name!r} does not expose raw stream handles"
         )
 
-    def synchronize_stream(self, stream: Any) -> None:
+    def synchronize_stream(self, stream: DeviceStream) -> None:
         stream.synchronize()
 
-    def synchronize_device(self, device: Any = None) -> None:
+    def synchronize_device(self, device: DeviceLike = None) -> None:
         self._get_torch_module().synchronize(device)
 
-    def create_stream_event(self, device: Any = None) -> Any:
+    def create_stream_event(self, device: DeviceLike = None) -> StreamEvent:
         return self._get_torch_module().Event()
 
-    def record_stream_event(self, event: Any, stream: Any) -> None:
+    def record_stream_event(self, event: StreamEvent, stream: DeviceStream) -> None:
         event.record(stream)
 
-    def is_stream_event_complete(self, event: Any) -> bool:
+    def is_stream_event_complete(self, event: StreamEvent) -> bool:
         return bool(event.query())
 
     def __repr__(self) -> str:

@@ -11,7 +11,12 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+
+from lmcache.v1.platform.base.streams import DeviceLike, DeviceStream, IPCEvent, StreamEvent
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 # Exported events must outlive the consumer's import; keep a bounded ring of them.
 _EXPORTED_EVENT_RING_SIZE = 2048
@@ -19,15 +24,15 @@ _EXPORTED_EVENT_RING_SIZE = 2048
 # ``(torch module, device type)`` of the selected backend, for upstream's no-argument
 # ``DefaultEventIPCBackend()``. Set by :mod:`lmcache.v1.platform.registry` on import (the
 # platform package always imports it first) so that ``base`` never imports the registry.
-_active_device_resolvers: list[Callable[[], tuple[Any, str]]] = []
+_active_device_resolvers: list[Callable[[], tuple[ModuleType | None, str]]] = []
 
 
-def set_active_device_resolver(resolver: Callable[[], tuple[Any, str]]) -> None:
+def set_active_device_resolver(resolver: Callable[[], tuple[ModuleType | None, str]]) -> None:
     """Install the function that names the selected backend's torch module and device type."""
     _active_device_resolvers[:] = [resolver]
 
 
-def _active_device() -> tuple[Any, str]:
+def _active_device() -> tuple[ModuleType | None, str]:
     if not _active_device_resolvers:
         raise RuntimeError(
             "DefaultEventIPCBackend() needs event_module and device_type: no device registry "
@@ -42,22 +47,33 @@ class EventIPCBackend(Protocol):
 
     device_type: str
 
-    def check_event_support(self, device: Any) -> None:
+    def check_event_support(self, device: DeviceLike) -> None:
         """Raise ``RuntimeError`` when the device cannot export/import events."""
 
-    def create_event(self, device: Any) -> Any: ...
+    def create_event(self, device: DeviceLike) -> IPCEvent: ...
 
-    def export_event(self, event: Any, device: Any) -> bytes: ...
+    def export_event(self, event: IPCEvent, device: DeviceLike) -> bytes: ...
 
-    def import_event(self, handle: bytes, device: Any) -> Any: ...
+    def import_event(self, handle: bytes, device: DeviceLike) -> IPCEvent: ...
 
-    def record_event(self, event: Any, stream: Any) -> None: ...
+    def record_event(self, event: IPCEvent, stream: DeviceStream | None) -> None: ...
 
-    def wait_event(self, event: Any, stream: Any) -> None: ...
+    def wait_event(self, event: IPCEvent, stream: DeviceStream | None) -> None: ...
 
-    def query_event(self, event: Any) -> bool: ...
+    def query_event(self, event: IPCEvent) -> bool: ...
 
-    def synchronize_event(self, event: Any, device: Any) -> None: ...
+    def synchronize_event(self, event: IPCEvent, device: DeviceLike) -> None: ...
+
+
+class _InterprocessEvent(StreamEvent, Protocol):
+    """A ``torch.cuda.Event(interprocess=True)``-like event."""
+
+    def ipc_handle(self) -> bytes: ...
+
+
+def _interprocess(event: IPCEvent) -> _InterprocessEvent:
+    # Only events this backend created or imported reach it (the server pairs them).
+    return cast(_InterprocessEvent, event)
 
 
 class DefaultEventIPCBackend:
@@ -67,17 +83,22 @@ class DefaultEventIPCBackend:
     ``record``, ``wait``, ``query`` and ``synchronize``.
     """
 
-    def __init__(self, event_module: Any = None, device_type: str | None = None) -> None:
+    def __init__(
+        self, event_module: ModuleType | None = None, device_type: str | None = None
+    ) -> None:
         if event_module is None or device_type is None:
             active_module, active_type = _active_device()
             event_module = event_module if event_module is not None else active_module
             device_type = device_type if device_type is not None else active_type
-        self.event_module = event_module
+        # The selected backend always has a torch module (selection checks it).
+        self.event_module = cast("ModuleType", event_module)
         self.device_type = device_type
-        self._exported: collections.deque[Any] = collections.deque(maxlen=_EXPORTED_EVENT_RING_SIZE)
+        self._exported: collections.deque[IPCEvent] = collections.deque(
+            maxlen=_EXPORTED_EVENT_RING_SIZE
+        )
         self._lock = threading.Lock()
 
-    def check_event_support(self, device: Any) -> None:
+    def check_event_support(self, device: DeviceLike) -> None:
         event_cls = getattr(self.event_module, "Event", None)
         if event_cls is None:
             raise RuntimeError(
@@ -102,25 +123,27 @@ class DefaultEventIPCBackend:
                 f"{self.event_module!r}.Event has no from_ipc_handle"
             )
 
-    def create_event(self, device: Any) -> Any:
-        return self.event_module.Event(interprocess=True)
+    def create_event(self, device: DeviceLike) -> IPCEvent:
+        event: _InterprocessEvent = self.event_module.Event(interprocess=True)
+        return event
 
-    def export_event(self, event: Any, device: Any) -> bytes:
+    def export_event(self, event: IPCEvent, device: DeviceLike) -> bytes:
         with self._lock:
             self._exported.append(event)
-        return bytes(event.ipc_handle())
+        return bytes(_interprocess(event).ipc_handle())
 
-    def import_event(self, handle: bytes, device: Any) -> Any:
-        return self.event_module.Event.from_ipc_handle(device, handle)
+    def import_event(self, handle: bytes, device: DeviceLike) -> IPCEvent:
+        event: _InterprocessEvent = self.event_module.Event.from_ipc_handle(device, handle)
+        return event
 
-    def record_event(self, event: Any, stream: Any) -> None:
-        event.record(stream)
+    def record_event(self, event: IPCEvent, stream: DeviceStream | None) -> None:
+        _interprocess(event).record(stream)
 
-    def wait_event(self, event: Any, stream: Any) -> None:
-        event.wait(stream)
+    def wait_event(self, event: IPCEvent, stream: DeviceStream | None) -> None:
+        _interprocess(event).wait(stream)
 
-    def query_event(self, event: Any) -> bool:
-        return bool(event.query())
+    def query_event(self, event: IPCEvent) -> bool:
+        return bool(_interprocess(event).query())
 
-    def synchronize_event(self, event: Any, device: Any) -> None:
-        event.synchronize()
+    def synchronize_event(self, event: IPCEvent, device: DeviceLike) -> None:
+        _interprocess(event).synchronize()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 import torch
@@ -21,6 +21,7 @@ from lmcache.v1.platform.base.ipc_wire import (
     TensorMetadata,
     WireIPCData,
 )
+from lmcache.v1.platform.dtype_names import dtype_to_str, str_to_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +29,13 @@ _WRAPPER_TYPES: dict[str, type[DeviceIPCWrapper]] = {}
 _WRAPPER_TYPES_LOCK = threading.Lock()
 
 
-def register_ipc_wrapper(tag: str) -> Any:
+WrapperT = TypeVar("WrapperT", bound="DeviceIPCWrapper")
+
+
+def register_ipc_wrapper(tag: str) -> Callable[[type[WrapperT]], type[WrapperT]]:
     """Class decorator: allow ``cls`` on the wire under ``tag``."""
 
-    def decorate(cls: type[DeviceIPCWrapper]) -> type[DeviceIPCWrapper]:
+    def decorate(cls: type[WrapperT]) -> type[WrapperT]:
         with _WRAPPER_TYPES_LOCK:
             existing = _WRAPPER_TYPES.get(tag)
             if existing is not None and existing is not cls:
@@ -68,23 +72,6 @@ def _import_backend_wrappers() -> None:
         importers = list(_backend_wrapper_importers)
     for importer in importers:
         importer()
-
-
-def dtype_to_str(dtype: torch.dtype) -> str:
-    """torch's own dtype name without the module (``float16``), as sent on the MP wire.
-
-    Not :func:`lmcache.utils.dtype_to_str`, whose short names (``half``) are part of
-    cache keys and on-disk headers.
-    """
-    return str(dtype).removeprefix("torch.")
-
-
-def str_to_dtype(name: str) -> torch.dtype:
-    """Inverse of :func:`dtype_to_str`; a ``torch.`` prefix is accepted too."""
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {name!r}")
-    return dtype
 
 
 class DeviceIPCWrapper:

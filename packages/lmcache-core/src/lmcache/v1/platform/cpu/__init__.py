@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from lmcache.v1.platform.base.device_ops import DeviceOps
     from lmcache.v1.platform.base.event_ipc import EventIPCBackend
     from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
+    from lmcache.v1.platform.base.streams import DeviceLike
 
 
 class CpuDeviceSpec(DeviceSpec):
@@ -74,5 +75,5 @@ class CpuDeviceSpec(DeviceSpec):
 
         return CPUCacheContext(*args, **kwargs)
 
-    def synchronize_device(self, device: Any = None) -> None:
+    def synchronize_device(self, device: DeviceLike = None) -> None:
         return None

@@ -10,7 +10,7 @@ the cpu backend's ops).  Host copies are synchronous, so there is no stream (``s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -18,6 +18,9 @@ from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.cpu.event_ipc import HostEvent
 from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
+
+if TYPE_CHECKING:
+    from lmcache.v1.platform.base.streams import IPCEvent
 
 
 class CPUCacheContext(BaseCacheContext):
@@ -79,7 +82,7 @@ class CPUCacheContext(BaseCacheContext):
         objects: Sequence[torch.Tensor],
         block_ids: Sequence[int] | torch.Tensor,
         skip_prefix_n_blocks: int = 0,
-        wait_for: Any = None,
+        wait_for: IPCEvent | None = None,
     ) -> HostEvent:
         """Gather (D2H) or scatter (H2D) blocks with the cpu backend's ops, synchronously.
 
@@ -112,7 +115,7 @@ class CPUCacheContext(BaseCacheContext):
         self._kv_caches = []
         self._close_wrappers()
 
-    def report_status(self) -> dict[str, Any]:
+    def report_status(self) -> dict[str, object]:
         status = super().report_status()
         status.update(
             block_size=self.layout.block_size,

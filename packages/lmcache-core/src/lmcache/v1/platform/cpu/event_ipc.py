@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lmcache.v1.platform.base.streams import DeviceLike, DeviceStream, IPCEvent
 
 _HANDLE_BYTES = 8
 # Upstream LMCache 0.5.6's CPU event (``StubEvent``) exports this constant: its host events
@@ -28,10 +31,10 @@ class HostEvent:
     def __init__(self, sequence: int = 0) -> None:
         self.sequence = sequence
 
-    def record(self, stream: Any = None) -> None:
+    def record(self, stream: DeviceStream | None = None) -> None:
         return None
 
-    def wait(self, stream: Any = None) -> None:
+    def wait(self, stream: DeviceStream | None = None) -> None:
         return None
 
     def query(self) -> bool:
@@ -41,7 +44,7 @@ class HostEvent:
         return None
 
 
-def _device_type(device: Any) -> str:
+def _device_type(device: DeviceLike) -> str:
     if device is None:
         return "cpu"
     if isinstance(device, int):
@@ -56,21 +59,21 @@ class HostEventIPCBackend:
         self._sequence = itertools.count(1)
         self._lock = threading.Lock()
 
-    def check_event_support(self, device: Any) -> None:
+    def check_event_support(self, device: DeviceLike) -> None:
         if _device_type(device) != "cpu":
             raise RuntimeError(
                 f"HostEventIPCBackend orders host memory only; device {device!r} is not cpu"
             )
 
-    def create_event(self, device: Any) -> HostEvent:
+    def create_event(self, device: DeviceLike) -> HostEvent:
         with self._lock:
             return HostEvent(next(self._sequence))
 
-    def export_event(self, event: Any, device: Any) -> bytes:
+    def export_event(self, event: IPCEvent, device: DeviceLike) -> bytes:
         sequence = getattr(event, "sequence", 0)
         return int(sequence).to_bytes(_HANDLE_BYTES, "little", signed=False)
 
-    def import_event(self, handle: bytes, device: Any) -> HostEvent:
+    def import_event(self, handle: bytes, device: DeviceLike) -> HostEvent:
         if handle == UPSTREAM_STUB_EVENT_HANDLE:
             return HostEvent(0)
         if len(handle) not in (0, _HANDLE_BYTES):
@@ -80,14 +83,14 @@ class HostEventIPCBackend:
             )
         return HostEvent(int.from_bytes(handle, "little") if handle else 0)
 
-    def record_event(self, event: Any, stream: Any) -> None:
+    def record_event(self, event: IPCEvent, stream: DeviceStream | None) -> None:
         return None
 
-    def wait_event(self, event: Any, stream: Any) -> None:
+    def wait_event(self, event: IPCEvent, stream: DeviceStream | None) -> None:
         return None
 
-    def query_event(self, event: Any) -> bool:
+    def query_event(self, event: IPCEvent) -> bool:
         return True
 
-    def synchronize_event(self, event: Any, device: Any) -> None:
+    def synchronize_event(self, event: IPCEvent, device: DeviceLike) -> None:
         return None

@@ -13,9 +13,9 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from lmcache.v1.platform.kernel_kit import checks
-from lmcache.v1.platform.kernel_kit.checks import BlockSummary, SlotSummary, Unsupported
-from lmcache.v1.platform.kernel_kit.geometry import EngineGeometry, ObjectGeometry
+from lmcache.v1.platform import kv_checks as checks
+from lmcache.v1.platform.kv_checks import BlockSummary, SlotSummary, Unsupported
+from lmcache.v1.platform.kv_geometry import EngineGeometry, ObjectGeometry
 from lmcache.v1.platform.ops_types import TransferDirection
 
 __all__ = ["BlockCopy", "KVKernels", "MemcpyCall", "SlotCopy", "buffer_address"]

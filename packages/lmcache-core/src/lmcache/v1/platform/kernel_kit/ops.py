@@ -22,10 +22,12 @@ from typing import Any
 
 import torch
 
+from lmcache.v1.platform import kv_checks as checks
 from lmcache.v1.platform import torch_ops
-from lmcache.v1.platform.kernel_kit import checks
-from lmcache.v1.platform.kernel_kit.checks import Unsupported
-from lmcache.v1.platform.kernel_kit.geometry import (
+from lmcache.v1.platform.kernel_kit.kernels import BlockCopy, KVKernels, MemcpyCall, SlotCopy
+from lmcache.v1.platform.kv_checks import Unsupported
+from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
+from lmcache.v1.platform.kv_geometry import (
     EngineGeometry,
     ObjectGeometry,
     geometry_from_bufs,
@@ -33,9 +35,7 @@ from lmcache.v1.platform.kernel_kit.geometry import (
     pointer_object_geometry,
     tensor_buf,
 )
-from lmcache.v1.platform.kernel_kit.kernels import BlockCopy, KVKernels, MemcpyCall, SlotCopy
-from lmcache.v1.platform.kernel_kit.pointers import geometry_from_pointers
-from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
+from lmcache.v1.platform.kv_pointers import geometry_from_pointers
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 from lmcache.v1.platform.torch_ops import plan
 

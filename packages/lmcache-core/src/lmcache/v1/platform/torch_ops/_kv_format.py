@@ -1,7 +1,7 @@
 """Torch views of engine and LMCache buffers, built from the shared geometry.
 
 The format table lives in :mod:`lmcache.v1.platform.kv_formats` and the view-free strided
-geometry in :mod:`lmcache.v1.platform.kernel_kit.geometry`; this module only turns that
+geometry in :mod:`lmcache.v1.platform.kv_geometry`; this module only turns that
 geometry into views for the torch baseline: each engine buffer becomes *parts*, views with
 the canonical axes ``[KV, NL, NB, BS, NH, HS]``, plus the slice of the LMCache object
 (canonical ``[KV, NL, T, NH, HS]``) that each part maps to.
@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lmcache.v1.platform.kernel_kit.geometry import canonical_axes, flatten_engine_buffers
 from lmcache.v1.platform.kv_formats import KVFormatSpec, all_specs, format_spec
+from lmcache.v1.platform.kv_geometry import canonical_axes, flatten_engine_buffers
 
 __all__ = ["KVFormatSpec", "_format_spec"]
 

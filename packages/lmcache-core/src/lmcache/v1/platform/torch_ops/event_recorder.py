@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Generic, TypeVar
 
+from lmcache.v1.platform.ops_types import EventRecord
+
 __all__ = ["drain_recorded_events", "record_event_on_stream"]
 
 T = TypeVar("T")
@@ -32,8 +34,6 @@ class _RecordLog(Generic[T]):
             items, self._items = self._items, []
         return items
 
-
-EventRecord = tuple[str, str, float, dict[str, str], dict[str, int]]
 
 # Per-process queue of records waiting for the next drain (the stream-callback target).
 _events: _RecordLog[EventRecord] = _RecordLog()

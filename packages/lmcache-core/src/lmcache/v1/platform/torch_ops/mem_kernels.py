@@ -8,6 +8,7 @@ for NHD and HND alike, so unlike upstream's fallback no layout raises NotImpleme
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -154,7 +155,7 @@ def multi_layer_kv_transfer_unilateral(
 
 def single_layer_kv_transfer(
     lmc_key_value_cache: torch.Tensor,
-    vllm_key_value_cache: Any,
+    vllm_key_value_cache: torch.Tensor | Sequence[torch.Tensor],
     slot_mapping: torch.Tensor,
     direction: TransferDirection,
     engine_kv_format: EngineKVFormat,

@@ -9,6 +9,7 @@ stride in one allocation collapse into a single view, so that case is one op per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -81,7 +82,7 @@ def _load_blocks(
 def multi_layer_block_kv_transfer(
     paged_buffer_ptrs_tensor: torch.Tensor | list,
     lmcache_objects_ptrs: list[int] | list[torch.Tensor],
-    block_ids: torch.Tensor | list[int],
+    block_ids: torch.Tensor | Sequence[int],
     device: torch.device | str,
     direction: TransferDirection,
     shape_desc: PageBufferShapeDesc,

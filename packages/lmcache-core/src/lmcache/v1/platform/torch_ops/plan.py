@@ -1,7 +1,7 @@
 """Views for the torch baseline, plus the kit's checks and geometry under their old names.
 
-The argument checks live in :mod:`lmcache.v1.platform.kernel_kit.checks` and the view-free
-geometry in :mod:`lmcache.v1.platform.kernel_kit.geometry`; this module re-exports both (it
+The argument checks live in :mod:`lmcache.v1.platform.kv_checks` and the view-free
+geometry in :mod:`lmcache.v1.platform.kv_geometry`; this module re-exports both (it
 was the plugins' entry point before the kit existed) and adds what only the baseline needs:
 engine and LMCache buffers as canonical torch views (:class:`PagedLayout`).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.platform.kernel_kit.checks import (
+from lmcache.v1.platform.kv_checks import (
     BlockArgs,
     BlockRun,
     Unsupported,
@@ -39,14 +39,14 @@ from lmcache.v1.platform.kernel_kit.checks import (
     token_pointer_shape_desc,
     validate_direction,
 )
-from lmcache.v1.platform.kernel_kit.geometry import flatten_engine_buffers
-from lmcache.v1.platform.kernel_kit.pointers import (
+from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
+from lmcache.v1.platform.kv_geometry import flatten_engine_buffers
+from lmcache.v1.platform.kv_pointers import (
     infer_kv_dtype,
     pointer_container,
     pointer_count,
     pointer_tensor_geometry,
 )
-from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
 from lmcache.v1.platform.torch_ops._kv_format import (
     PagedLayout,
