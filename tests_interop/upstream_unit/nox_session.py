@@ -1,10 +1,11 @@
 """The body of the ``upstream-unit`` nox session (imported by ``noxfile.py``).
 
 Upstream's unit tests ship only in its sdist (``pip download lmcache==0.5.6 --no-binary
-:all:`` would also *build* it, compiling its CUDA/C++ extensions and its build requirements
-from source).  So the sdist file itself is fetched once from PyPI's JSON API, checked
-against the published sha256 (``run.SDIST_SHA256``) and cached in ``.nox/_interop/``; later
-runs are offline.  Under nox a missing sdist (no network) is a failure, not a skip.
+:all:`` would also *build* it, compiling its C++ extensions and its build requirements from
+source).  So the sdist file itself is fetched once through PyPI's simple index (its PEP 691
+JSON form, as pip reads it), checked against the pinned sha256 (``run.SDIST_SHA256``) and
+cached in ``.nox/_interop/``; later runs are offline.  Under nox a missing sdist (no
+network) is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -18,31 +19,33 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-PYPI_JSON = "https://pypi.org/pypi/lmcache/{version}/json"
+PYPI_SIMPLE = "https://pypi.org/simple/lmcache/"
+PEP691_JSON = "application/vnd.pypi.simple.v1+json"
 FETCH_TIMEOUT_S = 120
 
 
-def _sdist_url(version: str) -> str:
-    with urllib.request.urlopen(PYPI_JSON.format(version=version), timeout=FETCH_TIMEOUT_S) as r:
-        release = json.load(r)
-    for entry in release["urls"]:
-        if entry["packagetype"] == "sdist":
+def _sdist_url(name: str) -> str:
+    request = urllib.request.Request(PYPI_SIMPLE, headers={"Accept": PEP691_JSON})
+    with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as response:
+        index = json.load(response)
+    for entry in index["files"]:
+        if entry["filename"] == name:
             return str(entry["url"])
-    raise RuntimeError(f"PyPI lists no sdist for lmcache {version}")
+    raise OSError(f"PyPI's index for lmcache lists no {name}")
 
 
-def ensure_sdist(session: Any, cache: Path, name: str, version: str, sha256: str) -> Path:
+def ensure_sdist(session: Any, cache: Path, name: str, sha256: str) -> Path:
     """The cached sdist, downloaded (and hash-checked) on first use."""
     path = cache / name
     if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
         return path
     cache.mkdir(parents=True, exist_ok=True)
     try:
-        url = _sdist_url(version)
+        url = _sdist_url(name)
         session.log(f"fetching {url}")
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
             data = response.read()
-    except OSError as exc:
+    except (OSError, ValueError, KeyError) as exc:  # no network, or an unexpected index
         session.error(f"cannot fetch {name} from PyPI ({exc}); place it at {path} to run offline")
     if hashlib.sha256(data).hexdigest() != sha256:
         session.error(f"{name} from PyPI does not match the pinned sha256 {sha256}")
@@ -65,7 +68,6 @@ def run(session: Any) -> None:
         session,
         ROOT / ".nox" / "_interop",
         runner.SDIST_NAME,
-        runner.UPSTREAM_VERSION,
         runner.SDIST_SHA256,
     )
     session.chdir(str(ROOT))
