@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from lmcache.v1.platform.ops_resolver import resolve_ops_for
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["_copy_bytes_with_tensor", "_get_copy_lib", "_tensor_from_ptr", "tensor_from_ptr"]
@@ -86,12 +88,7 @@ def _tensor_from_ptr(
 def _device_tensor_from_ptr(
     ptr: int, shape: Sequence[int], dtype: torch.dtype, device: Any
 ) -> torch.Tensor:
-    # Looked up on the package at call time: the backend registry is built lazily.
-    import lmcache.v1.platform as platform_pkg
-
-    return platform_pkg.resolve_device_ops(device.type).tensor_from_ptr(
-        ptr, tuple(shape), dtype, device
-    )
+    return resolve_ops_for(device.type).tensor_from_ptr(ptr, tuple(shape), dtype, device)
 
 
 def _host_tensor_from_ptr(
