@@ -9,6 +9,8 @@ Sessions (``nox -l`` lists them):
   plugin installed.  Plugins are discovered from ``plugins/*``, never listed by hand.
 * ``lint`` (ruff), ``typecheck`` (mypy), ``docs`` (mkdocs --strict).
 * ``vllm-e2e`` and ``interop-upstream`` -- the real vLLM and upstream-lmcache checks.
+* ``upstream-unit`` -- upstream lmcache 0.5.6's own unit tests (from its sdist) against the
+  core wheel (tests_interop/upstream_unit/, docs/compatibility.md).
 
 What each session installs comes from ``[dependency-groups]`` in the root pyproject.toml
 (the ``torch`` group holds the one torch pin).
@@ -79,7 +81,15 @@ def _group(name: str) -> list[str]:
 BUILD_DEPS = _group("build")
 TEST_DEPS = _group("test")
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm-e2e", "interop-upstream"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "docs",
+    "vllm-e2e",
+    "interop-upstream",
+    "upstream-unit",
+]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -360,6 +370,16 @@ def interop_upstream(session: nox.Session) -> None:
     _install_wheels(session, [CORE])
     session.install(*TEST_DEPS)
     _load_session_module(ROOT / "tests_interop" / "nox_session.py").run(session)
+
+
+@nox.session(name="upstream-unit")
+def upstream_unit(session: nox.Session) -> None:
+    """Upstream lmcache 0.5.6's unit tests for its platform and multiprocess API (from its
+    sdist, cached in .nox/_interop/) against the core wheel; fails on any failure or error
+    of a test not listed in docs/compatibility.md, and prints the counts."""
+    _install_wheels(session, [CORE])
+    session.install(*TEST_DEPS)
+    _load_session_module(ROOT / "tests_interop" / "upstream_unit" / "nox_session.py").run(session)
 
 
 @nox.session(name="bench-ttft")

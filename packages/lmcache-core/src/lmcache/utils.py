@@ -9,6 +9,7 @@ process, worker and restart computes the same keys.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -35,6 +36,17 @@ _DTYPE_TO_STR: dict[torch.dtype, str] = {
     torch.float8_e5m2: "fp8_e5m2",
 }
 _STR_TO_DTYPE: dict[str, torch.dtype] = {v: k for k, v in _DTYPE_TO_STR.items()}
+
+
+class EngineType(enum.Enum):
+    """The serving engine a worker runs in (upstream 0.5.6 names and values); cache
+    contexts receive it from ``create_cache_context``."""
+
+    VLLM = "vllm"
+    ATOM = "atom"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    MOCK = "mock"
 
 
 def dtype_to_str(dtype: torch.dtype) -> str:

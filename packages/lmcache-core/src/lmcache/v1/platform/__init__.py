@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.ops_resolver import set_device_ops_resolver
 from lmcache.v1.platform.registry import (
     DEVICE_BACKEND_ENV_VAR,
     DEVICE_PLUGIN_ENTRY_POINT_GROUP,
@@ -66,6 +67,12 @@ def resolve_device_ops(device_type: str | None = None) -> DeviceOps:
     if device_type is None:
         return get_selection().spec.get_ops()
     return _resolve_device_spec(device_type).get_ops()
+
+
+# torch_ops reaches other backends' ops through this hook (it sits below the registry).
+# Through a lambda: the name is looked up at call time, so a replaced resolve_device_ops
+# (tests swap it) is the one used.
+set_device_ops_resolver(lambda device_type: resolve_device_ops(device_type))
 
 
 def serving_device_type(torch_device_type: str) -> str:

@@ -10,9 +10,10 @@ the context.  Nothing here names a device.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from lmcache.utils import EngineType
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.device_spec import DeviceSpec
 from lmcache.v1.platform.registry import get_device_spec
@@ -103,13 +104,38 @@ def check_event_support(device: LMCacheDrivenDevice, context: BaseCacheContext) 
 
 
 def create_cache_context(
-    kv_caches: Sequence[DeviceIPCWrapper], *args: object, **kwargs: object
+    kv_caches: Sequence[Any],
+    lmcache_tokens_per_chunk: int = 256,
+    layout_hints: Mapping[str, Any] | None = None,
+    engine_group_infos: Sequence[Any] = (),
+    engine_type: EngineType = EngineType.VLLM,
+    separate_object_groups: bool = False,
+    full_sw_kv: bool = False,
 ) -> BaseCacheContext:
-    """Dispatch to ``DeviceSpec.create_cache_context`` of the wrappers' device type."""
+    """Dispatch to ``DeviceSpec.create_cache_context`` of the wrappers' device type.
+
+    Upstream 0.5.6's signature; the seven arguments are forwarded positionally, as upstream
+    does, so a plugin's context written against upstream receives them unchanged.
+    """
     if not kv_caches:
-        raise ValueError("create_cache_context needs a non-empty list of KV-cache wrappers")
-    device_type = declared_device_type(kv_caches)
+        raise ValueError("create_cache_context requires a non-empty kv_caches list")
+    try:
+        device_type = declared_device_type(kv_caches)
+    except ValueError as exc:
+        raise ValueError(f"all KV-cache wrappers must share one device type: {exc}") from None
     spec = get_device_spec(device_type)
     if spec is None:
-        raise ValueError(f"No DeviceSpec registered for device type {device_type!r}")
-    return spec.create_cache_context(kv_caches, *args, **kwargs)
+        raise ValueError(
+            f"No cache-context class registered for device type {device_type!r}: no "
+            f"DeviceSpec of lmcache-core or of an installed lmcache.device_plugins entry "
+            f"point serves it (run `lmcache devices`; install the vendor plugin wheel)."
+        )
+    return spec.create_cache_context(
+        kv_caches,
+        lmcache_tokens_per_chunk,
+        layout_hints,
+        engine_group_infos,
+        engine_type,
+        separate_object_groups,
+        full_sw_kv,
+    )

@@ -8,6 +8,9 @@ module's ``__all__``.
 
 import sys
 
+# Upstream's package namespace also carries the descriptor types of the kernel signatures
+# (its modules have no __all__); callers written against it reach them here.
+from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 from lmcache.v1.platform.torch_ops._kv_format import *  # noqa: F403
 from lmcache.v1.platform.torch_ops._tensor_from_ptr import *  # noqa: F403
 from lmcache.v1.platform.torch_ops.cachegen_kernels import *  # noqa: F403
@@ -32,4 +35,9 @@ _MODULES = (
     "utils",
 )
 # Looked up in sys.modules: the function _tensor_from_ptr shadows its module's attribute.
-__all__ = [name for module in _MODULES for name in sys.modules[f"{__name__}.{module}"].__all__]
+__all__ = [
+    "EngineKVFormat",
+    "PageBufferShapeDesc",
+    "TransferDirection",
+    *(name for module in _MODULES for name in sys.modules[f"{__name__}.{module}"].__all__),
+]

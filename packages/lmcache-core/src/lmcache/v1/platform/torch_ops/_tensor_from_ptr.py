@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from lmcache.v1.platform.ops_resolver import resolve_ops_for
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["_copy_bytes_with_tensor", "_get_copy_lib", "_tensor_from_ptr", "tensor_from_ptr"]
@@ -68,11 +70,34 @@ def _tensor_from_ptr(
     device: torch.device | str | None = None,
     strides: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Zero-copy tensor of ``shape``/``dtype`` over host memory at ``ptr``.
+    """Zero-copy tensor of ``shape``/``dtype`` over memory at ``ptr`` on ``device``.
 
-    ``strides`` (in elements) describes a non-contiguous layout; the wrapped span then
-    covers exactly the addressed elements. The caller keeps the memory alive.
+    Host memory is wrapped here; any other device is delegated to that device's
+    ``DeviceOps.tensor_from_ptr`` (upstream 0.5.6 routing), which raises ``ValueError``
+    where the backend cannot alias raw device pointers.  ``strides`` (in elements)
+    describes a non-contiguous host layout; the wrapped span then covers exactly the
+    addressed elements. The caller keeps the memory alive.
     """
+    if device is not None and strides is None:
+        target = torch.device(device)
+        if target.type != "cpu":
+            return _device_tensor_from_ptr(ptr, shape, dtype, target)
+    return _host_tensor_from_ptr(ptr, shape, dtype, device, strides)
+
+
+def _device_tensor_from_ptr(
+    ptr: int, shape: Sequence[int], dtype: torch.dtype, device: Any
+) -> torch.Tensor:
+    return resolve_ops_for(device.type).tensor_from_ptr(ptr, tuple(shape), dtype, device)
+
+
+def _host_tensor_from_ptr(
+    ptr: int,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    strides: Sequence[int] | None,
+) -> torch.Tensor:
     _require_host(device)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     shape = [int(s) for s in shape]
@@ -93,7 +118,7 @@ def tensor_from_ptr(
 
     Raises ValueError for non-CPU devices: a generic torch build cannot alias device memory.
     """
-    return _tensor_from_ptr(ptr, shape, dtype, device)
+    return _host_tensor_from_ptr(ptr, shape, dtype, device, None)
 
 
 def _copy_bytes_with_tensor(dst: int, src: int, num_bytes: int) -> None:

@@ -67,7 +67,10 @@ def _check_symbols(symbols: torch.Tensor, num_bins: int) -> None:
 def _cdf_rows(cdf: torch.Tensor) -> np.ndarray:
     """CDF as uint64 ``[streams, bins + 1]`` (int16 storage read as uint16)."""
     rows = cdf.to("cpu", torch.int64).reshape(-1, cdf.shape[-1]).numpy() & 0xFFFF
-    if np.any(rows[:, -1] == 0) or np.any(rows[:, -1] > 1 << 16):
+    # A total of 65536 (the full 16-bit range) wraps to 0 in int16 storage: upstream's
+    # normalised CDFs end that way, so a trailing 0 reads as 65536.
+    rows[:, -1] = np.where(rows[:, -1] == 0, 1 << 16, rows[:, -1])
+    if np.any(rows[:, -1] > 1 << 16):
         raise ValueError("every CDF row must end with a total in [1, 65536]")
     return rows.astype(np.uint64)
 

@@ -1,0 +1,108 @@
+"""Upstream 0.5.6 import paths added for code written against it: lmcache.lmcache_native,
+platform.ipc_policy, platform.devices.<name>, posix_shm."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from lmcache import lmcache_native
+from lmcache.v1.platform import ipc_policy, ops_types
+from lmcache.v1.platform.cpu.posix_shm import (
+    shm_create_readwrite,
+    shm_map_readwrite,
+    shm_munmap,
+    shm_unlink,
+)
+
+
+def test_native_names_are_the_ops_types_objects() -> None:
+    assert lmcache_native.TransferDirection is ops_types.TransferDirection
+    assert lmcache_native.EngineKVFormat.NL_X_NB_BS_NH_HS == 18
+    assert lmcache_native.GPUKVFormat is lmcache_native.EngineKVFormat
+    assert lmcache_native.is_mla(lmcache_native.EngineKVFormat.NL_X_NB_BS_HS)
+    assert not hasattr(lmcache_native, "Bitmap")  # upstream's native server internals
+
+
+@pytest.fixture
+def _policy() -> Iterator[ipc_policy.IPCPolicy]:
+    before = (ipc_policy.is_isolated_ipc(), ipc_policy.is_use_vmm_api())
+    yield ipc_policy.get_ipc_policy()
+    ipc_policy.set_ipc_policy(isolated_ipc=before[0], use_vmm_api=before[1])
+
+
+def test_ipc_policy_is_one_object_updated_in_place(_policy: ipc_policy.IPCPolicy) -> None:
+    assert ipc_policy.set_ipc_policy(isolated_ipc=True) is _policy is ipc_policy.current_ipc_policy
+    assert ipc_policy.set_use_vmm_api(True).isolated_ipc is True
+    assert ipc_policy.is_use_vmm_api() is True
+    assert _policy.with_isolated_ipc(False) is _policy and not ipc_policy.is_isolated_ipc()
+
+
+def test_ipc_policy_refuses_non_bools(_policy: ipc_policy.IPCPolicy) -> None:
+    with pytest.raises(TypeError, match="isolated_ipc must be a bool"):
+        ipc_policy.set_isolated_ipc("false")  # type: ignore[arg-type]
+
+
+def test_devices_cpu_is_the_in_tree_backend() -> None:
+    from lmcache.v1.platform.cpu import CpuDeviceSpec
+    from lmcache.v1.platform.devices.cpu import CpuDeviceSpec as UpstreamPath
+    from lmcache.v1.platform.devices.cpu.shm import CpuShmTensorWrapper
+
+    assert UpstreamPath is CpuDeviceSpec
+    assert CpuDeviceSpec().ipc_wrapper_cls is CpuShmTensorWrapper
+
+
+def test_devices_cuda_without_the_plugin_names_the_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache.v1.platform import devices
+
+    monkeypatch.setattr(
+        "lmcache.v1.platform.registry.get_registry",
+        lambda: type("R", (), {"backends": {}})(),
+    )
+    with pytest.raises(ImportError, match="pip install lmcache-cuda"):
+        from lmcache.v1.platform.devices.cuda import CudaDeviceSpec  # noqa: F401
+    with pytest.raises(ImportError, match="lmcache-cuda"):
+        devices.plugin_spec("rocm", "lmcache-cuda", "RocmDeviceSpec")
+
+
+def test_devices_cuda_resolves_to_the_registered_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache.v1.platform.cpu import CpuDeviceSpec
+
+    spec = CpuDeviceSpec()
+    backend = type("B", (), {"spec": spec})()
+    monkeypatch.setattr(
+        "lmcache.v1.platform.registry.get_registry",
+        lambda: type("R", (), {"backends": {"cuda": backend}})(),
+    )
+    from lmcache.v1.platform.devices.cuda import CudaDeviceSpec
+    from lmcache.v1.platform.devices.cuda.ipc_wrapper import CudaIPCWrapper
+
+    assert CudaDeviceSpec is CpuDeviceSpec
+    assert CudaIPCWrapper is spec.ipc_wrapper_cls
+
+
+def test_posix_shm_create_map_unmap_unlink() -> None:
+    name = f"/lmcache_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    writer = shm_create_readwrite(name, 4096)
+    try:
+        with pytest.raises(FileExistsError):
+            shm_create_readwrite(name, 4096)
+        reader = shm_map_readwrite(name, 4096)
+        ctypes.memset(writer, 9, 4)
+        view = (ctypes.c_ubyte * 4).from_address(reader)
+        assert list(view) == [9, 9, 9, 9]  # one set of pages, two mappings
+        with pytest.raises(ValueError, match="fewer than"):
+            shm_map_readwrite(name, 8192)
+        shm_munmap(reader)
+    finally:
+        shm_munmap(writer)
+        shm_unlink(name)
+    with pytest.raises(ValueError, match="not a mapping"):
+        shm_munmap(writer)
+    shm_unlink(name)  # already gone: not an error
+    with pytest.raises(ValueError, match="invalid POSIX shared-memory name"):
+        shm_create_readwrite("/a/b", 16)

@@ -1,0 +1,75 @@
+"""The body of the ``upstream-unit`` nox session (imported by ``noxfile.py``).
+
+Upstream's unit tests ship only in its sdist (``pip download lmcache==0.5.6 --no-binary
+:all:`` would also *build* it, compiling its C++ extensions and its build requirements from
+source).  So the sdist file itself is fetched once through PyPI's simple index (its PEP 691
+JSON form, as pip reads it), checked against the pinned sha256 (``run.SDIST_SHA256``) and
+cached in ``.nox/_interop/``; later runs are offline.  Under nox a missing sdist (no
+network) is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PYPI_SIMPLE = "https://pypi.org/simple/lmcache/"
+PEP691_JSON = "application/vnd.pypi.simple.v1+json"
+FETCH_TIMEOUT_S = 120
+
+
+def _sdist_url(name: str) -> str:
+    request = urllib.request.Request(PYPI_SIMPLE, headers={"Accept": PEP691_JSON})
+    with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as response:
+        index = json.load(response)
+    for entry in index["files"]:
+        if entry["filename"] == name:
+            return str(entry["url"])
+    raise OSError(f"PyPI's index for lmcache lists no {name}")
+
+
+def ensure_sdist(session: Any, cache: Path, name: str, sha256: str) -> Path:
+    """The cached sdist, downloaded (and hash-checked) on first use."""
+    path = cache / name
+    if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        url = _sdist_url(name)
+        session.log(f"fetching {url}")
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
+            data = response.read()
+    except (OSError, ValueError, KeyError) as exc:  # no network, or an unexpected index
+        session.error(f"cannot fetch {name} from PyPI ({exc}); place it at {path} to run offline")
+    if hashlib.sha256(data).hexdigest() != sha256:
+        session.error(f"{name} from PyPI does not match the pinned sha256 {sha256}")
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+    return path
+
+
+def run(session: Any) -> None:
+    """lmcache-core (and the test deps) are already installed in ``session``'s venv."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("upstream_unit_run", HERE / "run.py")
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = runner  # dataclasses look their module up there
+    spec.loader.exec_module(runner)
+    sdist = ensure_sdist(
+        session,
+        ROOT / ".nox" / "_interop",
+        runner.SDIST_NAME,
+        runner.SDIST_SHA256,
+    )
+    session.chdir(str(ROOT))
+    # --strict: any test that runs and fails or errors fails the session.
+    session.run("python", str(HERE / "run.py"), "--sdist", str(sdist), "--strict", *session.posargs)
