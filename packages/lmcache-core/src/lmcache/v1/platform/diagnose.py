@@ -267,7 +267,8 @@ def check_import_cost(
             )
         )
     new = measured.get("new", [])
-    heavy = sorted({m.split(".")[0] for m in new if m.split(".")[0] in HEAVY_MODULES})  # type: ignore[union-attr]
+    roots = {str(m).split(".")[0] for m in new} if isinstance(new, list) else set()
+    heavy = sorted(roots & set(HEAVY_MODULES))
     if heavy:
         found.append(Diagnosis(name, PROBLEM, f"importing {module} imports {', '.join(heavy)}"))
     if measured.get("cuda_initialized"):
