@@ -23,7 +23,6 @@ from prerequisites import require_module, require_prerequisite
 
 from lmcache.cli.scaffold import plugin_files
 
-
 # Backend selection must come from what is installed, not from the caller's environment.
 _SELECTION_VARS = ("DEVICE_TYPE", "LMCACHE_DEVICE_BACKEND", "LMCACHE_DEVICE_PLUGINS_AUTOLOAD",
                    "LMCACHE_TESTING_BACKEND")  # fmt: skip
@@ -111,8 +110,10 @@ def test_accelerator_variant_is_not_available_on_a_cpu_host(tmp_path: Path) -> N
     assert '"lmcache-core>=0.1,<0.2"' in files["pyproject.toml"]
     project = _scaffold(tmp_path, "foo")
     _run([sys.executable, "-m", "compileall", "-q", str(project)], tmp_path)
-    code = ("from lmcache_foo.device import FooDeviceSpec as S; s = S(); "
-            "print(s.is_available(), s.device_type, s.priority, s.ops_cls.device_type)")  # fmt: skip
+    code = (
+        "from lmcache_foo.device import FooDeviceSpec as S; s = S(); "
+        "print(s.is_available(), s.device_type, s.priority, s.ops_cls.device_type)"
+    )
     path = os.pathsep.join([str(project / "src"), os.environ.get("PYTHONPATH", "")])
     out = _run([sys.executable, "-c", code], tmp_path, PYTHONPATH=path)
     assert out.split() == ["False", "foo", "0", "foo"]

@@ -95,7 +95,7 @@ class ${cls}DeviceSpec(DeviceSpec):
             return False
 '''
 
-DEVICE_OPS = '''"""``${cls}DeviceOps``: binds ``$pkg.native_ops`` fail-soft (torch baseline otherwise)."""
+DEVICE_OPS = '''"""``${cls}DeviceOps``: binds ``$pkg.native_ops`` fail-soft (else the baseline)."""
 
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def _copy_many(dst: list[int], src: list[int], nbytes: int) -> None:
 COPY_MANY_NATIVE = """
 from $pkg._native import copy_many as _copy_many  # ImportError: baseline"""
 
-TEST_CONFORMANCE = '''"""Certify the installed backend with LMCache's conformance suite (lmcache.testing)."""
+TEST_CONFORMANCE = '''"""Certify the installed backend with the conformance suite."""
 
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def test_plugin_check_is_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 '''
 
-TEST_SELECTED = '''"""On a host where the device is present, installing the wheel selects this backend."""
+TEST_SELECTED = '''"""Where the device is present, installing the wheel selects this backend."""
 
 from __future__ import annotations
 
