@@ -26,7 +26,7 @@ TEST_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 def _write_dist(site: Path, dist: str, entry_points: Mapping[str, str]) -> None:
     info = site / f"{dist.replace('-', '_')}-0.0.1.dist-info"
-    info.mkdir(parents=True)
+    info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n")
     lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
     (info / "entry_points.txt").write_text(f"[lmcache.device_plugins]\n{lines}")

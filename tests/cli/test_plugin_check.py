@@ -38,9 +38,16 @@ def test_each_broken_test_plugin_is_one_problem_line(
 
 
 def test_good_plugin_passes(run_python: Any, installed_plugins: Callable[..., str]) -> None:
-    proc = _cli(run_python, ["plugin", "check"], installed_plugins("good"))
+    # By name: under nox every broken registry test plugin is installed as well.
+    proc = _cli(run_python, ["plugin", "check", "fakegood"], installed_plugins("good"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "fakegood = lmcache_tp_good:GoodSpec (lmcache-testplugin-good 0.0.1): ok" in proc.stdout
+    ok_line = "fakegood = lmcache_tp_good:GoodSpec (lmcache-testplugin-good 0.0.1): ok"
+    assert ok_line in proc.stdout
+    # Without a name every installed entry point is checked, this one among them.
+    everything = _cli(run_python, ["plugin", "check"], installed_plugins("good", "raising"))
+    assert ok_line in everything.stdout
+    assert "raising: problem: skipped by the registry" in everything.stdout
+    assert everything.returncode == 1
 
 
 def test_priority_tie_names_the_variable(
