@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,3 +94,26 @@ def test_bad_url_is_one_line_error(url: str) -> None:
         line for line in result.stderr.strip().splitlines() if line.startswith("lmcache demo:")
     ]
     assert "argument --url" in result.stderr
+
+
+MINIMAL_PLUGIN = """
+    from lmcache.v1.platform.base.device_spec import DeviceSpec
+
+    class MinimalSpec(DeviceSpec):
+        device_type = property(lambda self: "mindev")
+        torch_module_name = property(lambda self: "cpu")
+        def is_available(self):
+            return True
+"""
+
+
+def test_minimal_plugin_runs_engine_driven_and_skips_lmcache_driven(
+    no_orphan_segments: None, installed_module: Callable[..., str]
+) -> None:
+    """Issue 20, gap 6: a spec with nothing but the required members (engine-driven only)
+    is selected; the demo must not crash on the LMCache-driven path it cannot run."""
+    path = installed_module("kit_minimal", MINIMAL_PLUGIN, {"mindev": "kit_minimal:MinimalSpec"})
+    result = _demo("--start-server", *SMALL, env={"PYTHONPATH": path})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "lmcache_driven: SKIPPED, backend 'mindev' declares no LMCache-driven" in result.stdout
+    assert result.stdout.count("[ok] retrieved KV is bit-exact") == 1

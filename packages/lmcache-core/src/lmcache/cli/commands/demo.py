@@ -168,6 +168,8 @@ def _demo_path(url: str, mode: str, args: argparse.Namespace, failures: list[str
     from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
     shm = mode == "lmcache_driven"
+    if shm and not _backend_declares_lmcache_driven():
+        return False
     blocks = 2 * (args.tokens // 16 + 1)
     src = _paged_kv(args.layers, blocks, shm, fill=True)
     dst = _paged_kv(args.layers, blocks, shm, fill=False)
@@ -190,6 +192,21 @@ def _demo_path(url: str, mode: str, args: argparse.Namespace, failures: list[str
         for worker in workers:
             worker.close()
         _release(src + dst)
+
+
+def _backend_declares_lmcache_driven() -> bool:
+    """A backend without LMCache-driven transfer (engine-driven only, e.g. a minimal
+    plugin) skips that path instead of failing in the worker's context factory."""
+    from lmcache.v1.platform.registry import current_device_spec
+
+    spec = current_device_spec()
+    if spec.is_lmcache_driven_available():
+        return True
+    print(
+        f"lmcache_driven: SKIPPED, backend {spec.backend_name!r} declares no LMCache-driven "
+        "transfer (is_lmcache_driven_available() is False)"
+    )
+    return False
 
 
 def _round_trip(

@@ -2,7 +2,8 @@
 
 Lists every discovered backend (source, device type, availability, priority, whether
 native ops are bound, transfer-mode capabilities), every skipped plugin with the reason,
-and which backend this process would select and why.
+the diagnoses of ``lmcache plugin check`` (without its import timing), why ``DEVICE_TYPE``
+was not honoured when it fell back, and which backend this process would select and why.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from lmcache.v1.platform.diagnose import diagnose_registry, explain_device_type_fallback
 from lmcache.v1.platform.registry import (
     DEVICE_BACKEND_ENV_VAR,
     DEVICE_TYPE_ENV_VAR,
@@ -101,6 +103,8 @@ def collect_report() -> dict[str, Any]:
         },
         "backends": backends,
         "skipped": [vars(s) | {} for s in registry.skipped],
+        "diagnoses": [d.line() for d in diagnose_registry(registry)],
+        "device_type_fallback": explain_device_type_fallback(registry),
         "selected": selected,
     }
 
@@ -122,6 +126,11 @@ def _print_text(report: dict[str, Any]) -> None:
     print("Skipped plugins:" if report["skipped"] else "Skipped plugins: none")
     for s in report["skipped"]:
         print(f"  {s['name']} ({s['target']}) from {s['source']}: {s['reason']}")
+    print("Diagnoses:" if report["diagnoses"] else "Diagnoses: none")
+    for line in report["diagnoses"]:
+        print(f"  {line}")
+    if report["device_type_fallback"]:
+        print(f"Fallback: {report['device_type_fallback']}")
     selected = report["selected"]
     if "error" in selected:
         print(f"Selected: none -- {selected['error']}")

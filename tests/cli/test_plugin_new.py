@@ -1,0 +1,139 @@
+"""``lmcache plugin new`` scaffolds a repository that builds, installs, passes
+``lmcache plugin check``, is selected on a CPU machine and passes its own tests (the
+conformance suite) from a fresh virtual environment.
+
+The venv is created without pip and sees this interpreter's packages (torch, lmcache-core,
+pip, the build backends) through a ``.pth`` line, so nothing is downloaded.  Under nox/CI
+(``LMCACHE_TEST_REQUIRE_INSTALLED=1``) a missing build prerequisite fails instead of
+skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from prerequisites import require_module, require_prerequisite
+
+from lmcache.cli.scaffold import plugin_files
+
+# Backend selection must come from what is installed, not from the caller's environment.
+_SELECTION_VARS = ("DEVICE_TYPE", "LMCACHE_DEVICE_BACKEND", "LMCACHE_DEVICE_PLUGINS_AUTOLOAD",
+                   "LMCACHE_TESTING_BACKEND")  # fmt: skip
+
+
+def clean_env(overrides: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SELECTION_VARS}
+    return {**env, **overrides}
+
+
+def _run(argv: list[str], cwd: Path, timeout: float = 600, **env: str) -> str:
+    proc = subprocess.run(argv, cwd=cwd, env=clean_env(env), capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert proc.returncode == 0, f"{argv} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def _scaffold(tmp_path: Path, *args: str) -> Path:
+    project = tmp_path / "project"
+    _run([sys.executable, "-m", "lmcache.cli.main", "plugin", "new", *args, "--output",
+          str(project)], tmp_path)  # fmt: skip
+    return project
+
+
+def _fresh_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
+    python = venv / "bin" / "python"
+    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                   tmp_path).strip()  # fmt: skip
+    parent = sysconfig.get_paths()["purelib"]
+    (Path(purelib) / "_parent_env.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
+    return python
+
+
+def _build_and_install(tmp_path: Path, project: Path) -> Path:
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+          str(project / "dist"), str(project)], project)  # fmt: skip
+    (wheel,) = (project / "dist").glob("*.whl")
+    python = _fresh_venv(tmp_path)
+    _run([str(python), "-m", "pip", "install", "--no-deps", str(wheel)], tmp_path)
+    return python
+
+
+def _selected(python: Path, cwd: Path, name: str) -> dict[str, object]:
+    report = json.loads(_run([str(python), "-m", "lmcache.cli.main", "devices", "--json"], cwd))
+    # Only this backend's lines: under nox the broken registry test plugins are installed.
+    mine = [line for line in report["diagnoses"] if line.startswith(f"{name}:")]
+    assert mine == [], mine
+    return report
+
+
+def test_cpu_plugin_builds_installs_is_selected_and_certified(tmp_path: Path) -> None:
+    require_module("setuptools", "builds the scaffolded wheel")
+    project = _scaffold(tmp_path, "acme", "--device-type", "cpu")
+    python = _build_and_install(tmp_path, project)
+    out = _run([str(python), "-m", "lmcache.cli.main", "plugin", "check", "acme"], tmp_path)
+    assert "acme = lmcache_acme.device:AcmeDeviceSpec (lmcache-acme 0.1.0): ok" in out
+    report = _selected(python, tmp_path, "acme")
+    assert report["selected"]["backend_name"] == "acme"  # type: ignore[index]
+    acme = next(b for b in report["backends"] if b["backend_name"] == "acme")  # type: ignore[attr-defined]
+    assert acme["ops"] == "native (lmcache_acme.native_ops)"
+    # The scaffold's own tests: the conformance suite against the installed wheel.
+    out = _run([str(python), "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"], project,
+               LMCACHE_TESTING_EXAMPLES="15")  # fmt: skip
+    assert "3 passed" in out, out
+
+
+def test_native_plugin_compiles_and_binds_its_extension(tmp_path: Path) -> None:
+    require_module("scikit_build_core", "builds the --native scaffold")
+    require_module("nanobind", "the --native scaffold's bindings")
+    for tool in ("cmake", "c++"):
+        require_prerequisite(tool, shutil.which(tool) is not None, "builds the --native scaffold")
+    project = _scaffold(tmp_path, "vend", "--device-type", "cpu", "--native")
+    assert (project / "CMakeLists.txt").exists() and (project / "csrc" / "module.cpp").exists()
+    python = _build_and_install(tmp_path, project)
+    _run([str(python), "-m", "lmcache.cli.main", "plugin", "check", "vend"], tmp_path)
+    report = _selected(python, tmp_path, "vend")
+    assert report["selected"]["backend_name"] == "vend"  # type: ignore[index]
+    vend = next(b for b in report["backends"] if b["backend_name"] == "vend")  # type: ignore[attr-defined]
+    assert vend["ops"] == "native (lmcache_vend.native_ops)"
+
+
+def test_accelerator_variant_is_not_available_on_a_cpu_host(tmp_path: Path) -> None:
+    files = plugin_files("foo", "foo", native=False)
+    assert 'foo = "lmcache_foo.device:FooDeviceSpec"' in files["pyproject.toml"]
+    assert '"lmcache-core>=0.1,<0.2"' in files["pyproject.toml"]
+    project = _scaffold(tmp_path, "foo")
+    _run([sys.executable, "-m", "compileall", "-q", str(project)], tmp_path)
+    code = (
+        "from lmcache_foo.device import FooDeviceSpec as S; s = S(); "
+        "print(s.is_available(), s.device_type, s.priority, s.ops_cls.device_type)"
+    )
+    path = os.pathsep.join([str(project / "src"), os.environ.get("PYTHONPATH", "")])
+    out = _run([sys.executable, "-c", code], tmp_path, PYTHONPATH=path)
+    assert out.split() == ["False", "foo", "0", "foo"]
+
+
+@pytest.mark.parametrize("name", ["Foo", "1x", "foo-bar", ""])
+def test_bad_names_are_one_line_errors(tmp_path: Path, name: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "lmcache.cli.main", "plugin", "new", name,
+                           "--output", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("lmcache plugin new: error: backend name")
+    assert not (tmp_path / "x").exists()
+
+
+def test_refuses_a_non_empty_output(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "lmcache.cli.main", "plugin", "new", "acme",
+                           "--output", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "is not empty" in proc.stderr
