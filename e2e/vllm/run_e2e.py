@@ -9,7 +9,8 @@ transfer mode a fresh ``lmcache server`` and one ``vllm.LLM`` with the connector
 generates twice on the same long prompt.  Asserts that the second request retrieved its
 prefix (server stats: stored and retrieved tokens > 0) and that every generation equals
 the baseline token for token (greedy).  Prints TTFT of both requests and writes a JSON
-summary to ``<workdir>/summary.json``.  Exit status 0 on success.
+summary to ``<workdir>/summary.json``.  With ``--restart`` it then runs the server
+kill -9 / restart / late-start steps of ``run_restart.py``.  Exit status 0 on success.
 """
 
 from __future__ import annotations
@@ -122,6 +123,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", default="/tmp/lmcache-vllm-e2e")
     parser.add_argument("--modes", default="engine_driven,lmcache_driven")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="then the server-restart steps of run_restart.py (same baseline)",
+    )
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +162,10 @@ def main() -> int:
             f"{result['second_request_s']:.3f} s; TTFT with cache hit {result['ttft_hit_s']:.3f} s "
             f"vs without cache {ttft_miss:.3f} s"
         )
+    if args.restart:
+        from run_restart import run_restart
+
+        summary["restart"] = run_restart(model, prompt, baseline, workdir)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("vllm e2e: all checks passed")
     return 0

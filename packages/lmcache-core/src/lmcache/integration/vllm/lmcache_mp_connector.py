@@ -103,7 +103,7 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self.server_url, self.config.mq_timeout, self.config.start_server_hint, self.block_size
         )
         self.health = self.link.health
-        connected = self.link.open()
+        connected = self.link.open(warn=False)
         self._scheduler = SchedulerSide(self.link, self.config, self.model_name, self.world_size)
         self._worker = WorkerSide(
             self.link, self.config, self.model_name, self.world_size, self.block_size

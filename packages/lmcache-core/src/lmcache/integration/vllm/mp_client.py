@@ -47,11 +47,17 @@ class ServerHealth:
     def is_down(self) -> bool:
         return self._down.is_set()
 
-    def mark_down(self, reason: str) -> None:
+    def mark_down(self, reason: str, *, warn: bool = True) -> None:
+        """Switch the cache off; ``warn=False`` when the caller logs the outage itself."""
         with self._lock:
             self._down.set()
             self.last_error = reason
-        self.warn_once("LMCache server unreachable (%s); vLLM continues without the cache", reason)
+            if not warn:
+                self._warned = True
+        if warn:
+            self.warn_once(
+                "LMCache server unreachable (%s); vLLM continues without the cache", reason
+            )
 
     def mark_up(self) -> None:
         with self._lock:
@@ -66,18 +72,6 @@ class ServerHealth:
         with self._lock:
             first, self._warned = not self._warned, True
         (logger.warning if first else logger.debug)(message, *args)
-
-
-def connect(url: str, timeout: float, start_hint: str) -> MPClient:
-    """A handshaken client, or ``ConnectionError`` saying how to start a server."""
-    try:
-        return MPClient(url, timeout=timeout, connect_timeout=min(timeout, 10.0))
-    except ServerUnavailableError as exc:
-        raise ConnectionError(
-            f"LMCacheMPConnector cannot reach the LMCache server at {url} ({exc}). "
-            f"Start one first, e.g.:\n    {start_hint}\n"
-            "or point lmcache.mp.host / lmcache.mp.port (kv_connector_extra_config) at it."
-        ) from None
 
 
 class GuardedClient:
@@ -144,23 +138,23 @@ class ServerLink:
             raise ServerUnavailableError(f"not connected to the LMCache server at {self.url}")
         return guarded.run(what, call)
 
-    def open(self, timeout: float | None = None) -> bool:
-        """Connect and read the chunk size; False (cache off, one warning) if unreachable.
+    def open(self, timeout: float | None = None, *, warn: bool = True) -> bool:
+        """Connect and read the chunk size; False (cache off) if the server is unreachable.
 
-        A chunk size that is not a multiple of vLLM's block size is a configuration error
-        and raises ``ValueError``.
+        ``warn=False``: the caller logs the failure (with the start-up hint).  A chunk size
+        that is not a multiple of vLLM's block size is a configuration error and raises
+        ``ValueError``.
         """
         wait = self.mq_timeout if timeout is None else timeout
+        client: MPClient | None = None
         try:
-            client = connect(self.url, wait, self.start_hint)
-        except ConnectionError as exc:
-            self.health.mark_down(str(exc))
-            return False
-        try:
+            client = MPClient(self.url, timeout=wait, connect_timeout=min(wait, 10.0))
             chunk_size = int(client.get_chunk_size())
-        except MPClientError as exc:
-            client.close()
-            self.health.mark_down(f"get_chunk_size: {exc}")
+            incarnation = _incarnation(client)
+        except ServerUnavailableError as exc:
+            if client is not None:
+                client.close()
+            self.health.mark_down(str(exc), warn=warn)
             return False
         if chunk_size % self.block_size:
             client.close()
@@ -170,10 +164,11 @@ class ServerLink:
                 f"vLLM's block size ({self.block_size}); restart the server with "
                 f"--chunk-size {suggested}"
             )
+        client.timeout = self.mq_timeout  # for the registration that follows
         with self._lock:
             self.chunk_size = chunk_size
             self.guarded = GuardedClient(client, self.health)
-            self.incarnation = _incarnation(client)
+            self.incarnation = incarnation
         return True
 
     def check(self, probe: MPClient) -> None:
