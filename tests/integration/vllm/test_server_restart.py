@@ -130,6 +130,7 @@ def _vllm_config(port: int) -> SimpleNamespace:
             kv_connector="LMCacheMPConnector",
             kv_connector_module_path="lmcache.integration.vllm.lmcache_mp_connector",
             kv_role="kv_both",
+            kv_load_failure_policy="recompute",
             kv_connector_extra_config={
                 "lmcache.mp.host": "tcp://127.0.0.1",
                 "lmcache.mp.port": str(port),

@@ -110,6 +110,16 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         )
         self._heartbeat = HeartbeatThread(self.link, self.config.heartbeat_interval)
         self._heartbeat.start()
+        policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
+        if role == KVConnectorRole.SCHEDULER and policy != "recompute":
+            # vLLM's default fails a request whose load failed; for a cache that is wrong.
+            logger.warning(
+                "kv_load_failure_policy is %r: a request whose KV cannot be loaded from "
+                "LMCache (e.g. across a server restart) fails. Add "
+                '"kv_load_failure_policy": "recompute" to --kv-transfer-config so vLLM '
+                "recomputes it instead",
+                policy,
+            )
         if connected:
             logger.info(
                 "LMCacheMPConnector (%s) connected to %s: chunk size %s, block size %d, "
