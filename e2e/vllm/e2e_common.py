@@ -31,6 +31,8 @@ def connector_config(port: int, mode: str) -> dict[str, Any]:
         "kv_connector": "LMCacheMPConnector",
         "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
         "kv_role": "kv_both",
+        # A load the server cannot serve (it restarted) is recomputed, not an error.
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {
             "lmcache.mp.host": "tcp://127.0.0.1",
             "lmcache.mp.port": str(port),

@@ -45,6 +45,7 @@ def run(session: Any, core_wheel: str | None = None) -> None:
         str(workdir),
         "--modes",
         "engine_driven,lmcache_driven",
+        "--restart",
         env=env,
     )
     session.run("python", str(HERE / "run_serve.py"), "--workdir", str(workdir), env=env)

@@ -9,7 +9,9 @@ transfer mode a fresh ``lmcache server`` and one ``vllm.LLM`` with the connector
 generates twice on the same long prompt.  Asserts that the second request retrieved its
 prefix (server stats: stored and retrieved tokens > 0) and that every generation equals
 the baseline token for token (greedy).  Prints TTFT of both requests and writes a JSON
-summary to ``<workdir>/summary.json``.  Exit status 0 on success.
+summary to ``<workdir>/summary.json``.  With ``--restart`` the engine-driven mode runs as
+the late-start / kill -9 / restart steps of ``run_restart.py`` (which check the same).
+Exit status 0 on success.
 """
 
 from __future__ import annotations
@@ -122,6 +124,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", default="/tmp/lmcache-vllm-e2e")
     parser.add_argument("--modes", default="engine_driven,lmcache_driven")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="run engine_driven as the server-restart steps of run_restart.py",
+    )
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +154,17 @@ def main() -> int:
         "modes": [],
     }
     for mode in [m for m in args.modes.split(",") if m]:
+        if args.restart and mode == "engine_driven":
+            # The restart steps check everything run_mode does for this mode (store, hit,
+            # tokens equal the baseline), so they replace it: one vLLM start less.
+            from run_restart import run_restart
+
+            summary["restart"] = run_restart(model, prompt, baseline, workdir)
+            print(
+                f"{mode}: OK through late start, kill -9 and restart; TTFT with cache hit "
+                f"{summary['restart']['ttft_hit_s']:.3f} s vs without cache {ttft_miss:.3f} s"
+            )
+            continue
         result = run_mode(mode, model, prompt, workdir, baseline)
         summary["modes"].append(result)
         print(

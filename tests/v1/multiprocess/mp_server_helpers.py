@@ -27,8 +27,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
+    def __init__(self, args: list[str], log_path: Path, port: int | None = None) -> None:
+        # A given port restarts a server where a killed one listened.
+        self.port = free_port() if port is None else port
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()

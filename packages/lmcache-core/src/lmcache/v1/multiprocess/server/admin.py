@@ -163,6 +163,7 @@ class AdminOps(WorkerRegistry, LookupOps):
         return {
             "version": __version__,
             "instance_id": self.settings.instance_id,
+            "incarnation": stats.server_incarnation,
             "uptime_seconds": round(time.time() - self.started_at, 3),
             "chunk_size": self.chunk_size,
             "healthy": not problems,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -117,6 +118,7 @@ class ServerCore:
             supported_transfer_mode=settings.supported_transfer_mode.value,
             shm_name=self.shm_name,
             chunk_size=self.chunk_size,
+            server_incarnation=uuid.uuid4().hex,
         )
         self._stats_lock = threading.Lock()
         self.started_at = time.time()

@@ -99,6 +99,13 @@ class TransferContext(abc.ABC):
     ) -> None: ...
 
     @abc.abstractmethod
+    def register_again(self) -> None:
+        """Register once more, as the last ``register`` did, with a server that restarted.
+
+        The new server process never knew this worker, so nothing is unregistered first.
+        """
+
+    @abc.abstractmethod
     def unregister(self) -> Future[Any] | None: ...
 
     def create_recorded_event(self) -> IPCEvent | None:
@@ -170,6 +177,7 @@ class LMCacheDrivenTransferContext(TransferContext):
         self._wrappers: list[DeviceIPCWrapper] = []
         self._events: Any = None
         self._registered = False
+        self._registration: tuple[Any, ...] = ()
 
     def register(
         self,
@@ -188,7 +196,7 @@ class LMCacheDrivenTransferContext(TransferContext):
         self._events = require_event_ipc(self.device_type, kv[0].device)
         layout = self._setup(kv, blocks_in_chunk)
         self._wrappers = wrap_kv_caches(kv, self.device_type)
-        self.req_client.register_kv_cache(
+        self._registration = (
             self.instance_id,
             self._wrappers,
             model_name,
@@ -197,6 +205,13 @@ class LMCacheDrivenTransferContext(TransferContext):
             declared_layout_hints(layout, layout_hints),
             list(engine_group_infos),
         )
+        self.register_again()
+
+    def register_again(self) -> None:
+        # The wrappers name the same (still mapped) memory: a new server maps it afresh.
+        if not self._registration:
+            raise RuntimeError("register_again before register")
+        self.req_client.register_kv_cache(*self._registration)
         self._registered = True
 
     def unregister(self) -> Future[Any] | None:
@@ -300,6 +315,7 @@ class EngineDrivenTransferContext(TransferContext):
         self._pool: torch.Tensor | None = None
         self._registered = False
         self._ops: Any = None
+        self._payload: RegisterEngineDrivenContextPayload | None = None
 
     def register(
         self,
@@ -317,18 +333,25 @@ class EngineDrivenTransferContext(TransferContext):
         kv = _tensor_list(kv_caches)
         layout = self._setup(kv, blocks_in_chunk)
         self._ops = resolve_device_ops(kv[0].device.type)
-        response = self.req_client.register_kv_cache_engine_driven_context(
-            RegisterEngineDrivenContextPayload(
-                instance_id=self.instance_id,
-                model_name=model_name,
-                world_size=world_size,
-                block_size=layout.block_size,
-                num_layers=layout.num_layers,
-                hidden_dim_size=layout.hidden_dim_size,
-                dtype_str=dtype_name(layout.dtype),
-                use_mla=layout.use_mla,
-            )
+        self._payload = RegisterEngineDrivenContextPayload(
+            instance_id=self.instance_id,
+            model_name=model_name,
+            world_size=world_size,
+            block_size=layout.block_size,
+            num_layers=layout.num_layers,
+            hidden_dim_size=layout.hidden_dim_size,
+            dtype_str=dtype_name(layout.dtype),
+            use_mla=layout.use_mla,
         )
+        self.register_again()
+
+    def register_again(self) -> None:
+        # A new server has a new shared-memory pool: the sub-path is chosen (and the pool
+        # mapped) afresh.
+        if self._payload is None:
+            raise RuntimeError("register_again before register")
+        self._pool = None
+        response = self.req_client.register_kv_cache_engine_driven_context(self._payload)
         self._registered = True
         self.sub_path = self._choose_sub_path(response.shm_name, response.pool_size)
         if self.sub_path == SUB_PATH_INLINE:

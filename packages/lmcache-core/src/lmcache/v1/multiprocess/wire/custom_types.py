@@ -240,3 +240,7 @@ class ServerStats(msgspec.Struct):
     supported_transfer_mode: str = ""
     shm_name: str = ""
     chunk_size: int = 0
+    # A random id drawn when the server process starts: a client that sees it change knows
+    # the server restarted and forgot every registration and lookup session.  Optional (an
+    # older server sends none, decoded as ""), so adding it breaks no peer.
+    server_incarnation: str = ""

@@ -74,6 +74,8 @@ class KVCacheWorker:
         self.client = MPClient(server_url, timeout, connect_timeout=connect_timeout)
         self.context: TransferContext | None = None
         self._stop = threading.Event()
+        # Held by transfers and by a re-registration, which swaps the server's pool mapping.
+        self._transfer_lock = threading.Lock()
         try:
             self.chunk_size = self.client.get_chunk_size()
             tensors = (
@@ -107,12 +109,28 @@ class KVCacheWorker:
             self._heartbeat.start()
 
     def _beat(self, interval: float) -> None:
+        """Ping; a server that answers but no longer knows this worker restarted (or reaped
+        it): register again, so the worker survives server restarts on its own."""
+        outage = False
         while not self._stop.wait(interval):
             try:
                 if not self.client.ping(self.instance_id):
-                    logger.warning("the server no longer knows worker %d", self.instance_id)
+                    self.register_again()
+                    logger.info("worker %d registered again with the server", self.instance_id)
+                if outage:
+                    logger.info("cache server at %s reachable again", self.client.url)
+                outage = False
             except Exception as exc:
-                logger.warning("heartbeat to the cache server failed: %s", exc)
+                # One warning per outage; the heartbeat keeps trying quietly.
+                log = logger.debug if outage else logger.warning
+                log("heartbeat to the cache server failed: %s", exc)
+                outage = True
+
+    def register_again(self) -> None:
+        """Register this worker's KV cache with a server that forgot it (a restart)."""
+        assert self.context is not None
+        with self._transfer_lock:
+            self.context.register_again()
 
     def key(
         self,
@@ -149,8 +167,11 @@ class KVCacheWorker:
         """Copy the blocks of tokens ``[start, end)`` to the server; True once visible."""
         assert self.context is not None
         key = self.key(token_ids, start, end, cache_salt=cache_salt)
-        future = self.context.submit_store("", key, None, _normalize_block_ids(block_ids), None, 0)
-        return bool(future.result())
+        with self._transfer_lock:
+            future = self.context.submit_store(
+                "", key, None, _normalize_block_ids(block_ids), None, 0
+            )
+            return bool(future.result())
 
     def retrieve(
         self,
@@ -165,10 +186,11 @@ class KVCacheWorker:
         """Copy tokens ``[start, end)`` from the server into the blocks; False on a miss."""
         assert self.context is not None
         key = self.key(token_ids, start, end, cache_salt=cache_salt)
-        future = self.context.submit_retrieve(
-            "", key, None, _normalize_block_ids(block_ids), None, 0, skip_first_n_tokens
-        )
-        return bool(future.result())
+        with self._transfer_lock:
+            future = self.context.submit_retrieve(
+                "", key, None, _normalize_block_ids(block_ids), None, 0, skip_first_n_tokens
+            )
+            return bool(future.result())
 
     def lookup(
         self,

@@ -1,0 +1,288 @@
+"""The scheduler side of ``LMCacheMPConnector``: lookups, and each step's loads and stores.
+
+For every request it asks the server (one non-blocking lookup) how long a stored prefix
+it has, tells vLLM how many tokens it may skip, and after each step writes into the
+connector metadata which token ranges the workers load before the forward and store
+after it.  The pure bookkeeping lives in :mod:`.scheduler_state`.
+
+A lookup sent to a server incarnation that has since died is never answered by its
+successor (the session is gone): a request whose lookup belongs to an older
+``ServerLink.generation``, or that waited longer than ``LOOKUP_TIMEOUT_S``, is a miss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from lmcache.integration.vllm.mp_client import ServerLink
+from lmcache.integration.vllm.mp_config import MPConnectorConfig
+from lmcache.integration.vllm.scheduler_state import (
+    LMCacheMPRequestMetadata,
+    LMCacheMPRequestState,
+    LMCacheMPRequestTracker,
+    LoadStoreOp,
+    load_op,
+    store_range,
+    usable_hit_tokens,
+)
+from lmcache.v1.multiprocess.wire.chunking import hit_chunks_to_tokens
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.worker.client import MPClientError
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+# A live server answers a lookup in milliseconds.
+LOOKUP_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass
+class LMCacheMPConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """One step's work for the workers: loads before the forward, stores after it."""
+
+    loads: list[LMCacheMPRequestMetadata] = dataclasses.field(default_factory=list)
+    stores: list[LMCacheMPRequestMetadata] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Lookup:
+    """When, and to which server incarnation, a request's lookup went."""
+
+    generation: int
+    sent_at: float
+
+
+class SchedulerSide:
+    """Per-request lookup and load/store planning (one per scheduler)."""
+
+    def __init__(
+        self, link: ServerLink, config: MPConnectorConfig, model_name: str, world_size: int
+    ) -> None:
+        self.link = link
+        self.config = config
+        self.model_name = model_name
+        self.world_size = world_size
+        self._trackers: dict[str, LMCacheMPRequestTracker] = {}
+        self._requests: dict[str, Request] = {}
+        self._lookups: dict[str, _Lookup] = {}
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def _tracker(self, request: Request) -> LMCacheMPRequestTracker:
+        tracker = self._trackers.get(request.request_id)
+        if tracker is None:
+            tracker = LMCacheMPRequestTracker(
+                request_id=request.request_id,
+                prompt_len=len(request.prompt_token_ids or ()),
+                cache_salt=getattr(request, "cache_salt", None) or "",
+            )
+            self._trackers[request.request_id] = tracker
+            self._requests[request.request_id] = request
+        return tracker
+
+    def _lookup_key(self, request: Request, tracker: LMCacheMPRequestTracker) -> IPCCacheServerKey:
+        return IPCCacheServerKey.from_token_ids(
+            self.model_name,
+            self.world_size,
+            None,
+            list(request.prompt_token_ids or ()),
+            request_id=request.request_id,
+            cache_salt=tracker.cache_salt,
+        )
+
+    def _lookup_lost(self, request_id: str) -> bool:
+        """The lookup went to a server incarnation that is gone, or was never answered."""
+        sent = self._lookups.get(request_id)
+        if sent is None:
+            return False
+        return (
+            sent.generation != self.link.generation
+            or time.monotonic() - sent.sent_at > LOOKUP_TIMEOUT_S
+        )
+
+    def _poll_lookup(self, request: Request, tracker: LMCacheMPRequestTracker) -> int | None:
+        """The server's hit count, None while pending; a failure counts as a miss."""
+        request_id = request.request_id
+        try:
+            if not tracker.lookup_submitted:
+                key = self._lookup_key(request, tracker)
+                generation = self.link.generation
+                self.link.run(
+                    "lookup",
+                    lambda c: c.call("lookup", key, self.world_size, timeout=LOOKUP_TIMEOUT_S),
+                )
+                tracker.lookup_submitted = True
+                self._lookups[request_id] = _Lookup(generation, time.monotonic())
+            if self.config.nonblocking_lookup_status:
+                hit: int | None = self.link.run(
+                    "query_prefetch_status",
+                    lambda c: c.call("query_prefetch_status", request_id, timeout=LOOKUP_TIMEOUT_S),
+                )
+            else:
+                hit = self.link.run(
+                    "wait_prefetch_status",
+                    lambda c: c.call(
+                        "wait_prefetch_status",
+                        request_id,
+                        LOOKUP_TIMEOUT_S,
+                        timeout=2 * LOOKUP_TIMEOUT_S,
+                    ),
+                )
+        except (MPClientError, ValueError) as exc:
+            logger.debug("lookup for %s failed (%s); treating as a miss", request_id, exc)
+            tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
+            return 0
+        if hit is None and (
+            self._lookup_lost(request_id) or not self.config.nonblocking_lookup_status
+        ):
+            logger.debug("the lookup for %s was lost (server restart?): a miss", request_id)
+            tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
+            return 0
+        return hit
+
+    def on_new_request(self, request: Request) -> None:
+        if self.config.eager_prefetch and self.link.ready:
+            self._poll_lookup(request, self._tracker(request))
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        tracker = self._tracker(request)
+        chunk_size = self.link.chunk_size
+        if (
+            tracker.state == LMCacheMPRequestState.BYPASS_LMCACHE
+            or not self.link.ready
+            or chunk_size is None
+        ):
+            tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
+            return 0, False
+        if tracker.hit_tokens is None:
+            hit = self._poll_lookup(request, tracker)
+            if hit is None:
+                return None, False
+            tracker.hit_tokens = hit_chunks_to_tokens(hit, chunk_size, tracker.prompt_len)
+        usable = usable_hit_tokens(tracker.hit_tokens, tracker.prompt_len, chunk_size)
+        tracker.local_computed = num_computed_tokens
+        if usable <= num_computed_tokens:
+            tracker.state = LMCacheMPRequestState.READY
+            return 0, False
+        tracker.state = LMCacheMPRequestState.WAITING_FOR_LOAD
+        return usable - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Request, num_external_tokens: int) -> None:
+        tracker = self._tracker(request)
+        tracker.num_external = int(num_external_tokens)
+        if num_external_tokens <= 0:
+            tracker.state = LMCacheMPRequestState.READY
+
+    # -- per-step metadata --------------------------------------------------------------------
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> LMCacheMPConnectorMetadata:
+        meta = LMCacheMPConnectorMetadata()
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            tracker = self._trackers.get(new.req_id)
+            request = self._requests.get(new.req_id)
+            if tracker is None or request is None:
+                continue
+            tracker.block_ids = [list(group) for group in new.block_ids]
+            self._emit_load(meta, tracker, request)
+            self._emit_store(
+                meta, tracker, request, new.num_computed_tokens, num_scheduled.get(new.req_id, 0)
+            )
+        cached = scheduler_output.scheduled_cached_reqs
+        for index, req_id in enumerate(cached.req_ids):
+            tracker = self._trackers.get(req_id)
+            request = self._requests.get(req_id)
+            if tracker is None or request is None:
+                continue
+            new_blocks = cached.new_block_ids[index]
+            if req_id in cached.resumed_req_ids:
+                tracker.block_ids = [list(g) for g in (new_blocks or ())]
+            elif new_blocks is not None:
+                for group, extra in zip(tracker.block_ids, new_blocks):
+                    group.extend(extra)
+            self._emit_store(
+                meta,
+                tracker,
+                request,
+                cached.num_computed_tokens[index],
+                num_scheduled.get(req_id, 0),
+            )
+        return meta
+
+    def _emit_load(
+        self, meta: LMCacheMPConnectorMetadata, tracker: LMCacheMPRequestTracker, request: Request
+    ) -> None:
+        op = load_op(tracker, list(request.prompt_token_ids or ()))
+        if op is None:
+            return
+        tracker.load_emitted = True
+        tracker.state = LMCacheMPRequestState.READY
+        # What we load is on the server already: storing starts after it.
+        tracker.stored_end = max(tracker.stored_end, op.end)
+        meta.loads.append(LMCacheMPRequestMetadata(tracker.request_id, op, tracker.cache_salt))
+
+    def _emit_store(
+        self,
+        meta: LMCacheMPConnectorMetadata,
+        tracker: LMCacheMPRequestTracker,
+        request: Request,
+        computed_before: int,
+        scheduled: int,
+    ) -> None:
+        chunk_size = self.link.chunk_size
+        if (
+            tracker.state == LMCacheMPRequestState.BYPASS_LMCACHE
+            or not self.link.ready
+            or chunk_size is None
+        ):
+            return
+        if self.config.save_decode_cache:
+            tokens = list(request.all_token_ids)
+        else:
+            tokens = list(request.prompt_token_ids or ())
+        span = store_range(
+            tracker,
+            computed_before + scheduled,
+            len(tokens),
+            chunk_size,
+            self.config.max_offload_tokens,
+        )
+        if span is None:
+            return
+        start, end = span
+        tracker.stored_end = end
+        op = LoadStoreOp(
+            token_ids=tuple(tokens[:end]),
+            block_ids=tuple(tuple(group) for group in tracker.block_ids),
+            start=start,
+            end=end,
+        )
+        meta.stores.append(LMCacheMPRequestMetadata(tracker.request_id, op, tracker.cache_salt))
+
+    # -- end of a request ---------------------------------------------------------------------
+
+    def finish(self, request_id: str) -> None:
+        tracker = self._trackers.pop(request_id, None)
+        self._requests.pop(request_id, None)
+        sent = self._lookups.pop(request_id, None)
+        if tracker is None or not tracker.lookup_submitted or not self.link.ready:
+            return
+        if sent is not None and sent.generation != self.link.generation:
+            return  # that server is gone, and its session with it
+        try:
+            self.link.run(
+                "end_session",
+                lambda c: c.call("end_session", request_id, timeout=LOOKUP_TIMEOUT_S),
+            )
+        except MPClientError as exc:
+            logger.debug("end_session(%s) failed: %s", request_id, exc)

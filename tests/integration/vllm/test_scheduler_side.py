@@ -1,0 +1,81 @@
+"""``SchedulerSide``: a lookup lost with a restarted server becomes a miss, never a hang.
+
+The link is a stand-in whose server accepted the lookup but never answers its status (as
+a restarted server, which lost the session, does).  Requires vLLM (the metadata class
+subclasses vLLM's); the ``vllm-e2e`` nox session runs it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from prerequisites import require_module
+
+require_module(
+    "vllm",
+    "vLLM is installed only in the vllm-e2e nox session (nox -s vllm-e2e)",
+    required_env="LMCACHE_TEST_REQUIRE_VLLM",
+)
+
+from lmcache.integration.vllm import scheduler_side  # noqa: E402
+from lmcache.integration.vllm.mp_config import parse_extra_config  # noqa: E402
+from lmcache.integration.vllm.scheduler_side import SchedulerSide  # noqa: E402
+from lmcache.integration.vllm.scheduler_state import LMCacheMPRequestState  # noqa: E402
+
+CHUNK = 32
+
+
+class SilentLink:
+    """Takes lookups; their status never arrives (``None``)."""
+
+    def __init__(self) -> None:
+        self.generation = 1
+        self.ready = True
+        self.chunk_size = CHUNK
+        self.calls: list[str] = []
+
+    def run(self, what: str, call: Any) -> Any:
+        self.calls.append(what)
+        return None
+
+
+def _side(link: SilentLink) -> SchedulerSide:
+    return SchedulerSide(link, parse_extra_config({}), "m", 1)  # type: ignore[arg-type]
+
+
+def _request(rid: str) -> SimpleNamespace:
+    return SimpleNamespace(request_id=rid, prompt_token_ids=list(range(100)))
+
+
+def test_pending_lookup_stays_pending_while_the_server_is_the_same() -> None:
+    link = SilentLink()
+    side = _side(link)
+    request = _request("a")
+    assert side.get_num_new_matched_tokens(request, 0) == (None, False)
+    assert side.get_num_new_matched_tokens(request, 0) == (None, False)
+    assert link.calls.count("lookup") == 1  # sent once, then only polled
+
+
+def test_lookup_sent_to_an_earlier_server_incarnation_is_a_miss() -> None:
+    link = SilentLink()
+    side = _side(link)
+    request = _request("b")
+    assert side.get_num_new_matched_tokens(request, 0) == (None, False)
+    link.generation += 1  # the heartbeat met a new server incarnation
+    assert side.get_num_new_matched_tokens(request, 0) == (0, False)
+    # A miss, not an opt-out: the request's prefix is still stored on the new server.
+    assert side._trackers["b"].state is LMCacheMPRequestState.READY
+    side.finish("b")
+    assert "end_session" not in link.calls  # the session died with the old server
+
+
+def test_lookup_unanswered_past_the_bound_is_a_miss(monkeypatch: Any) -> None:
+    link = SilentLink()
+    side = _side(link)
+    request = _request("c")
+    clock = [1000.0]
+    monkeypatch.setattr(scheduler_side.time, "monotonic", lambda: clock[0])
+    assert side.get_num_new_matched_tokens(request, 0) == (None, False)
+    clock[0] += scheduler_side.LOOKUP_TIMEOUT_S + 0.1
+    assert side.get_num_new_matched_tokens(request, 0) == (0, False)
