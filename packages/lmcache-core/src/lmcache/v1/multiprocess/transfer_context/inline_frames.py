@@ -48,9 +48,9 @@ class StagingBuffers:
         self._buffers = []
 
 
-def byte_frames(tensors: list[torch.Tensor]) -> list[memoryview]:
-    """Zero-copy byte views of contiguous CPU tensors, one frame each."""
-    return [memoryview(t.view(torch.uint8).reshape(-1).numpy()) for t in tensors]
+def byte_frames(tensors: list[torch.Tensor]) -> list[Any]:
+    """Zero-copy byte views (numpy arrays: buffers ZeroMQ sends) of contiguous CPU tensors."""
+    return [t.view(torch.uint8).reshape(-1).numpy() for t in tensors]
 
 
 def send_store_frames(

@@ -185,7 +185,7 @@ class MPClient:
                     f"no reply to {operation} from the LMCache server at {self.url} within "
                     f"{wait_s:.1f}s: is `lmcache server` running there (and reachable)?"
                 )
-            frames = self._sock.recv_multipart(copy=copy)
+            frames: list[Any] = self._sock.recv_multipart(0, copy)
             try:
                 reply_uid = protocol.decode(frames[0] if copy else frames[0].buffer, int)
             except Exception:
