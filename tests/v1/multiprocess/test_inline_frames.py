@@ -194,3 +194,28 @@ def test_inline_over_a_non_loopback_interface(tmp_path: Any) -> None:
         _round_trip(server.url, list(range(40, 40 + 2 * CHUNK_SIZE + 8)), torch.bfloat16)
     finally:
         server.stop()
+
+
+def test_sent_chunks_are_unpinned_so_l1_can_evict_them(inline_server: ServerProcess) -> None:
+    """Retrieved chunks stay pinned only while ZeroMQ sends them: once sent, L1 may evict
+    them (least recently used first) to make room.  Had the reply frames leaked their pins,
+    every retrieved chunk would survive the second round."""
+    geo = {"num_layers": 8, "num_heads": 8, "head_size": 128, "num_blocks": 40}
+    chunk_mib = 2 * 8 * CHUNK_SIZE * 8 * 128 * 2 / 1024**2  # 0.5 MiB per chunk
+    per_request = 10  # chunks; 40 blocks
+    requests = int(0.7 * 64 / chunk_mib) // per_request  # 70% of the 64 MiB L1 each round
+    kv = make_kv(seed=1, **geo)
+    with KVCacheWorker(kv, model_name="pin", server_url=inline_server.url) as worker:
+        blocks = list(range(per_request * CHUNK_SIZE // BLOCK))
+        rounds: list[list[list[int]]] = [[], []]
+        for first in (0, 1):
+            for r in range(requests):
+                base = (first * 1000 + r + 1) * 100_000
+                tokens = list(range(base, base + per_request * CHUNK_SIZE))
+                rounds[first].append(tokens)
+                assert worker.store(tokens, blocks)
+                if first == 0:
+                    assert all(worker.retrieve(tokens, blocks) for _ in range(3))
+        assert all(worker.retrieve(tokens, blocks) for tokens in rounds[1][-2:])
+        survivors = sum(worker.retrieve(tokens, blocks) for tokens in rounds[0])
+        assert survivors < len(rounds[0])
