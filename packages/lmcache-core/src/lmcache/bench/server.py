@@ -279,10 +279,10 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         _stop(proc)
     _print_table(rows, request_bytes)
-    extra = _inline_vs_raw_zmq(args, rows, chunk_bytes)
+    raw_zmq = _inline_vs_raw_zmq(args, rows, chunk_bytes)
     if args.json:
-        results = [asdict(r) | _ratios(r) for r in rows] + extra
-        write_json(args.json, "server", args, results)
+        results = [asdict(r) | _ratios(r) for r in rows]
+        write_json(args.json, "server", args, results, **({"raw_zmq": raw_zmq} if raw_zmq else {}))
     if args.plot:
         _plot(rows, args.plot)
     return 0
