@@ -27,6 +27,8 @@ _ORDERED = {
     "commit_store",
     "prepare_retrieve",
     "commit_retrieve",
+    "commit_store_frames",
+    "retrieve_frames",
 }
 
 
@@ -39,14 +41,33 @@ def test_every_operation_has_a_handler_taking_its_payloads(name: str) -> None:
     # than the required ones.
     params = list(inspect.signature(method).parameters.values())[1:]  # without self
     required = [p for p in params if p.default is inspect.Parameter.empty]
-    assert len(required) <= spec.min_payloads, f"{name}: handler needs {required}"
-    assert len(params) >= len(spec.payloads), f"{name}: handler takes only {params}"
+    # Operations with data frames get them as one more (last) argument.
+    data = 1 if spec.bulk_frames else 0
+    assert len(required) <= spec.min_payloads + data, f"{name}: handler needs {required}"
+    assert len(params) >= len(spec.payloads) + data, f"{name}: handler takes only {params}"
     assert isinstance(spec.pool, Pool)
 
 
 def test_ordered_operations_run_in_the_client_affinity_pool() -> None:
     affinity = {name for name, spec in RPC_SPECS.items() if spec.pool is Pool.AFFINITY}
     assert affinity == _ORDERED
+
+
+def test_bulk_frames_need_every_payload_and_bound_the_request() -> None:
+    with pytest.raises(ValueError, match="every payload required"):
+        RpcSpec("x", (("a", int), ("b", int)), bool, required=1, bulk_frames=4)
+    spec = RPC_SPECS["commit_store_frames"]
+    frames = [b"p"] * len(spec.payloads) + [b""] * spec.bulk_frames
+    payloads, bulk = protocol.split_bulk(spec, frames)
+    assert len(payloads) == len(spec.payloads) and len(bulk) == spec.bulk_frames
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.split_bulk(spec, [*frames, b""])
+    assert info.value.code is protocol.ErrorCode.MESSAGE_TOO_LARGE
+    noop = RPC_SPECS["noop"]
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.split_bulk(noop, [b""] * (protocol.MAX_PAYLOAD_FRAMES + 1))
+    assert info.value.code is protocol.ErrorCode.MESSAGE_TOO_LARGE
+    assert protocol.split_bulk(noop, [b""]) == ([b""], ())  # decode_payloads names it
 
 
 def test_the_handler_defaults_to_the_operation_and_can_be_named() -> None:

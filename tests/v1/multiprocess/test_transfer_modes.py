@@ -10,7 +10,11 @@ import pytest
 import torch
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv, unlink_kv
 
-from lmcache.v1.multiprocess.transfer_context import worker_transfer
+from lmcache.v1.multiprocess.transfer_context import (
+    engine_driven,
+    lmcache_driven,
+    worker_transfer,
+)
 from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
     EngineDrivenTransferContext,
     LMCacheDrivenTransferContext,
@@ -67,7 +71,9 @@ class _FakeSpec(DeviceSpec):
 def fake_specs(monkeypatch: pytest.MonkeyPatch) -> dict[str, DeviceSpec]:
     specs: dict[str, DeviceSpec] = {}
     real = worker_transfer.get_device_spec
-    monkeypatch.setattr(worker_transfer, "get_device_spec", lambda t: specs.get(t) or real(t))
+    # The factory looks specs up in worker_transfer, registration in lmcache_driven.
+    for module in (worker_transfer, lmcache_driven):
+        monkeypatch.setattr(module, "get_device_spec", lambda t: specs.get(t) or real(t))
     monkeypatch.delenv("LMCACHE_MP_TRANSFER_MODE", raising=False)
     return specs
 
@@ -224,7 +230,7 @@ def test_engine_only_server_refuses_lmcache_driven_and_goes_inline(
 def test_sub_path_choice_is_logged(
     auto_server: ServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger=worker_transfer.__name__):
+    with caplog.at_level(logging.INFO, logger=engine_driven.__name__):
         with KVCacheWorker(make_kv(), model_name="log", server_url=auto_server.url) as worker:
             assert worker.sub_path == "shm"
         with KVCacheWorker(

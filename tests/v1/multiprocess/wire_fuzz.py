@@ -271,6 +271,8 @@ class MessageFactory:
             payloads[rng.randrange(len(payloads))] = self.values.nasty()
         frames = [protocol.encode(uid), self._operation_frame(operation)]
         frames += [self._encode(p) for p in payloads]
+        if spec.bulk_frames:  # raw data frames (the framed inline sub-path): any bytes
+            frames += [rng.randbytes(rng.randint(0, 64)) for _ in range(rng.randint(0, 3))]
         if strategy == "msgpack":
             self._mutate_bytes(frames)
         elif strategy == "frames":

@@ -116,11 +116,44 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         stop_server(proc)
     _print_table(rows, request_bytes)
+    raw_zmq = _inline_vs_raw_zmq(args, rows, chunk_bytes)
     if args.json:
-        write_json(args.json, "server", args, [asdict(r) | _ratios(r) for r in rows])
+        results = [asdict(r) | _ratios(r) for r in rows]
+        write_json(args.json, "server", args, results, **({"raw_zmq": raw_zmq} if raw_zmq else {}))
     if args.plot:
         _plot(rows, args.plot)
     return 0
+
+
+def _inline_vs_raw_zmq(
+    args: argparse.Namespace, rows: list[Row], chunk_bytes: int
+) -> list[dict[str, Any]]:
+    """The inline rows against raw ZeroMQ moving the same frames in this run (printed)."""
+    from lmcache.bench._zmq_reference import measure
+
+    inline = [r for r in rows if r.path == PATHS[1][2]]
+    if not inline:
+        return []
+    ref = measure(chunk_bytes, args.chunks, args.iters)
+    print(
+        f"raw ZeroMQ reference (same frames, loopback): store {ref.store_gbps:.2f} GB/s, "
+        f"retrieve {ref.retrieve_gbps:.2f} GB/s"
+    )
+    out = []
+    for r in inline:
+        store_x, retrieve_x = r.store_gbps / ref.store_gbps, r.retrieve_gbps / ref.retrieve_gbps
+        print(f"{r.path} x{r.workers}: store {store_x:.2f}x, retrieve {retrieve_x:.2f}x raw ZMQ")
+        out.append(
+            {
+                "path": f"{r.path} vs raw ZMQ",
+                "workers": r.workers,
+                "zmq_store_gbps": ref.store_gbps,
+                "zmq_retrieve_gbps": ref.retrieve_gbps,
+                "store_x_zmq": store_x,
+                "retrieve_x_zmq": retrieve_x,
+            }
+        )
+    return out
 
 
 def _ratios(row: Row) -> dict[str, float]:

@@ -15,7 +15,12 @@ from typing import Any
 
 from lmcache.v1.memory.base import MemoryObj
 from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
-from lmcache.v1.multiprocess.server.inline_codec import encode_inline, fill_inline
+from lmcache.v1.multiprocess.server.inline_codec import (
+    encode_inline,
+    fill_frames,
+    fill_inline,
+    pinned_frames,
+)
 from lmcache.v1.multiprocess.server.pending import Pending
 from lmcache.v1.multiprocess.server.state import Worker
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
@@ -27,7 +32,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     RegisterEngineDrivenContextPayload,
     RegisterEngineDrivenContextResponse,
 )
-from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
+from lmcache.v1.multiprocess.wire.protocol import BulkReply, ErrorCode, ProtocolError
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 logger = logging.getLogger(__name__)
@@ -165,6 +170,56 @@ class EngineDrivenOps(WorkerRegistry):
         sub_path = "inline" if data else "shm"
         self._commit(pending.keys, objs, [spans[i] for i in pending.indices], worker, sub_path)
         return True
+
+    def commit_store_frames(
+        self,
+        key: IPCCacheServerKey,
+        instance_id: int,
+        chunk_indices: list[int],
+        frames: list[memoryview],
+    ) -> bool:
+        """The framed inline ``commit_store``: one data frame per prepared chunk."""
+        self._require_mode(MPTransferMode.ENGINE_DRIVEN, "commit_store_frames")
+        worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        spans = self._plan(key, worker)
+        pending = self._pending.take(self._pending.stores, (instance_id, self._span_id(spans)))
+        if pending is None:
+            raise ProtocolError(
+                ErrorCode.NOT_FOUND,
+                "commit_store_frames without a matching prepare_store (or it expired)",
+            )
+        try:
+            nbytes = worker.layout.chunk_nbytes(self.chunk_size)
+            fill_frames(pending.objs, pending.indices, chunk_indices, frames, nbytes)
+        except BaseException:
+            pending.release()
+            raise
+        objs, pending.objs = pending.objs, []
+        self._commit(pending.keys, objs, [spans[i] for i in pending.indices], worker, "inline")
+        return True
+
+    def retrieve_frames(self, key: IPCCacheServerKey, instance_id: int) -> BulkReply:
+        """The framed inline retrieve in one round trip: every chunk of the range as its own
+        frame, viewing the L1 object (pinned until sent), or ``success=False`` on a miss."""
+        self._require_mode(MPTransferMode.ENGINE_DRIVEN, "retrieve_frames")
+        worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
+        self._refuse_pickle_sub_path(worker, instance_id, "retrieve_frames")
+        spans = self._plan(key, worker)
+        objs = self._get_all(self._keys(key, spans))
+        if objs is None:
+            return BulkReply(PrepareRetrieveResponse(success=False), [])
+        pending = Pending([], objs, list(range(len(spans))))
+        try:
+            for obj in objs:
+                self._check_object(obj, worker.layout)
+            nbytes = worker.layout.chunk_nbytes(self.chunk_size)
+            frames = pinned_frames(objs, nbytes, pending.release)
+        except BaseException:
+            pending.release()
+            raise
+        self._count_retrieved(spans, worker, "inline")
+        context = {"chunk_indices": pending.indices}
+        return BulkReply(PrepareRetrieveResponse(success=True, context=context), frames)
 
     def prepare_retrieve(self, key: IPCCacheServerKey, instance_id: int) -> PrepareRetrieveResponse:
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "prepare_retrieve")

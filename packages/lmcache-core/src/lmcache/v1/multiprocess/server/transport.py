@@ -258,7 +258,11 @@ class MPServer:
             if self._stop.is_set():
                 raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             spec = protocol.RPC_SPECS[operation]
-            payloads = protocol.decode_payloads(spec, [f.buffer for f in frames[3:]])
+            payload_frames, bulk = protocol.split_bulk(spec, frames[3:])
+            payloads = protocol.decode_payloads(spec, [f.buffer for f in payload_frames])
+            if spec.bulk_frames:
+                # Zero-copy views of the data frames; each keeps its frame alive.
+                payloads.append([f.buffer for f in bulk])
         except ProtocolError as exc:
             self._reply_error(identity, uid_frame, exc.code, exc, operation)
             return
@@ -312,7 +316,7 @@ class MPServer:
         head: tuple[bytes, bytes, bytes, str],
         handler: Callable[..., Any],
         payloads: list[Any],
-    ) -> list[bytes]:
+    ) -> list[Any]:
         identity, uid_frame, op_frame, operation = head
         metrics = self.engine.metrics
         start = time.perf_counter() if metrics is not None else 0.0
@@ -343,7 +347,8 @@ class MPServer:
     ) -> None:
         try:
             reply = self._run(head, handler, payloads)
-            self._push_socket().send_multipart(reply)
+            # copy=False: bulk reply frames (chunk bytes) pass to the ROUTER by reference.
+            self._push_socket().send_multipart(reply, copy=False)
         except Exception as exc:  # a handler thread must survive to serve the next request
             self._errors.exception("reply", exc)
         finally:
@@ -365,14 +370,14 @@ class MPServer:
     def _pump_replies(self) -> None:
         for _ in range(1024):
             try:
-                frames = self._replies.recv_multipart(zmq.NOBLOCK)
+                frames = self._replies.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             self._send(frames)
 
-    def _send(self, frames: list[bytes]) -> None:
+    def _send(self, frames: list[Any]) -> None:
         try:
-            self._router.send_multipart(frames, zmq.NOBLOCK)
+            self._router.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.engine._count(dropped_replies=1)
             logger.debug("client send queue full (not reading replies); reply dropped")

@@ -161,10 +161,19 @@ class RpcSpec:
     admin: bool = False
     pool: Pool = Pool.INLINE
     handler: str = ""
+    # Raw chunk frames after the payloads (the framed inline sub-path): at most this many
+    # in a request, never msgpack-decoded; the handler gets them, as memoryviews, as its
+    # last argument.  Their total size is bounded by --max-message-mb like every request.
+    bulk_frames: int = 0
+    # The handler returns a :class:`BulkReply`: its frames follow the response frame.
+    bulk_reply: bool = False
 
     def __post_init__(self) -> None:
         if not self.handler:
             object.__setattr__(self, "handler", self.operation)
+        if self.bulk_frames and self.min_payloads != len(self.payloads):
+            # Bulk frames start where the payloads end: every payload must be present.
+            raise ValueError(f"{self.operation}: bulk frames need every payload required")
 
     @property
     def payload_types(self) -> tuple[Any, ...]:
@@ -185,6 +194,12 @@ _INSTANCE = ("instance_id", InstanceId)
 _TP_SIZE = ("tp_size", Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE)])
 _REQUEST_ID = ("request_id", Name)
 KVCacheWrappers = Annotated[list[DeviceIPCWrapper], Meta(min_length=1, max_length=MAX_LAYERS)]
+# Chunks of one framed request (one data frame each): 1M tokens at 256-token chunks, far
+# beyond any context; a longer request is refused with message_too_large.
+MAX_BULK_FRAMES = 4096
+ChunkIndices = Annotated[
+    list[Annotated[int, Meta(ge=0, lt=MAX_BULK_FRAMES)]], Meta(max_length=MAX_BULK_FRAMES)
+]
 # The admin token is ours (upstream never sends it); long enough for any sane secret.
 ADMIN_TOKEN_TYPE = Annotated[str, Meta(max_length=4096)] | None
 
@@ -286,10 +301,29 @@ RPC_SPECS: dict[str, RpcSpec] = {
             pool=Pool.AFFINITY,
         ),
         RpcSpec("get_stats", (), ServerStats, pool=Pool.SHARED),
+        # The framed inline sub-path: chunk bytes as their own frames, never msgpack.
+        RpcSpec(
+            "commit_store_frames",
+            (_KEY, _INSTANCE, ("chunk_indices", ChunkIndices)),
+            bool,
+            pool=Pool.AFFINITY,
+            bulk_frames=MAX_BULK_FRAMES,
+        ),
+        RpcSpec(
+            "retrieve_frames",
+            (_KEY, _INSTANCE),
+            PrepareRetrieveResponse,
+            pool=Pool.AFFINITY,
+            bulk_reply=True,
+        ),
     )
 }
-# uid + operation + the most payloads any operation takes; more frames are refused unread.
-MAX_REQUEST_FRAMES = 2 + max(len(spec.payloads) for spec in RPC_SPECS.values())
+# The most payloads any operation takes: beyond it (and its data frames) a request is
+# refused as too large, any fewer extra as a version mismatch.
+MAX_PAYLOAD_FRAMES = max(len(spec.payloads) for spec in RPC_SPECS.values())
+# uid + operation + the most payload and data frames any operation takes; more frames are
+# refused unread (each operation's own bound is checked once its name is decoded).
+MAX_REQUEST_FRAMES = 2 + max(len(spec.payloads) + spec.bulk_frames for spec in RPC_SPECS.values())
 
 
 ADMIN_OPERATIONS = frozenset(name for name, spec in RPC_SPECS.items() if spec.admin)
@@ -401,6 +435,43 @@ def decode_payloads(spec: RpcSpec, frames: Sequence[bytes | memoryview]) -> list
     return payloads
 
 
+@dataclasses.dataclass
+class BulkReply:
+    """A handler's response plus raw frames sent after it, zero-copy (``bulk_reply``).
+
+    Each frame is any buffer; the transport keeps a reference to it until ZeroMQ has sent
+    it, so a buffer whose owner is released on garbage collection stays valid in flight.
+    """
+
+    response: Any
+    frames: list[Any]
+
+
+def split_bulk(spec: RpcSpec, frames: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any]]:
+    """(payload frames, bulk frames) of a request's frames after uid and operation;
+    raises ``message_too_large`` when they break the operation's frame bound (more
+    payloads than any operation takes, or more data frames than it allows)."""
+    if not spec.bulk_frames:
+        if len(frames) > MAX_PAYLOAD_FRAMES:
+            raise ProtocolError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"request of {len(frames) + 2} frames exceeds the limit of "
+                f"{MAX_PAYLOAD_FRAMES + 2} frames of {spec.operation} (uid, operation and "
+                f"at most {MAX_PAYLOAD_FRAMES} payloads)",
+            )
+        return frames, ()
+    count = len(spec.payloads)
+    if len(frames) < count:
+        return frames, ()  # decode_payloads names the missing payloads
+    bulk = frames[count:]
+    if len(bulk) > spec.bulk_frames:
+        raise ProtocolError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"{spec.operation} takes at most {spec.bulk_frames} data frames, got {len(bulk)}",
+        )
+    return frames[:count], bulk
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     line = text.splitlines()[0] if text.strip() else type(exc).__name__
@@ -420,7 +491,9 @@ def encode_request(uid: int, operation: str, payloads: Sequence[Any]) -> list[by
     return [encode(uid), encode_operation(operation), *(encode(p) for p in payloads)]
 
 
-def encode_success(uid_frame: bytes, op_frame: bytes, response: Any) -> list[bytes]:
+def encode_success(uid_frame: bytes, op_frame: bytes, response: Any) -> list[Any]:
+    if isinstance(response, BulkReply):
+        return [uid_frame, op_frame, encode(response.response), *response.frames]
     if response is None:
         return [uid_frame, op_frame]
     return [uid_frame, op_frame, encode(response)]

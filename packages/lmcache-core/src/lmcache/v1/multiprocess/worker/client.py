@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -148,7 +149,32 @@ class MPClient:
             frames = self._await_reply((uid,), operation, wait_s)
         return self._decode_reply(frames, operation, response_type)
 
-    def _await_reply(self, uids: tuple[int, ...], operation: str, wait_s: float) -> list[bytes]:
+    def call_bulk(
+        self,
+        operation: str,
+        *payloads: Any,
+        frames: Sequence[Any] = (),
+        timeout: float | None = None,
+    ) -> tuple[Any, list[memoryview]]:
+        """Like :meth:`call`, with raw data frames after the payloads (any buffers, sent
+        zero-copy: they must not change until this returns) and the reply's data frames
+        returned as zero-copy, writable memoryviews (the framed inline sub-path)."""
+        spec = protocol.RPC_SPECS.get(operation)
+        response_type = spec.response_type if spec is not None else Any
+        wait_s = self.timeout if timeout is None else timeout
+        with self._lock:
+            if self._closed:
+                raise MPClientError("the MP client is closed")
+            uid = next(self._uids)
+            request = protocol.encode_request(uid, operation, payloads)
+            self._sock.send_multipart([*request, *frames], copy=False)
+            reply = self._await_reply((uid,), operation, wait_s, copy=False)
+        head = [frame.bytes for frame in reply[:3]]
+        return self._decode_reply(head, operation, response_type), [f.buffer for f in reply[3:]]
+
+    def _await_reply(
+        self, uids: tuple[int, ...], operation: str, wait_s: float, copy: bool = True
+    ) -> list[Any]:
         deadline = time.monotonic() + wait_s
         while True:
             remaining = deadline - time.monotonic()
@@ -159,9 +185,9 @@ class MPClient:
                     f"no reply to {operation} from the LMCache server at {self.url} within "
                     f"{wait_s:.1f}s: is `lmcache server` running there (and reachable)?"
                 )
-            frames = self._sock.recv_multipart()
+            frames: list[Any] = self._sock.recv_multipart(0, copy)
             try:
-                reply_uid = protocol.decode(frames[0], int)
+                reply_uid = protocol.decode(frames[0] if copy else frames[0].buffer, int)
             except Exception:
                 continue
             if reply_uid in uids:
@@ -169,7 +195,7 @@ class MPClient:
             logger.debug("discarding a late reply (uid %s)", reply_uid)
 
     @staticmethod
-    def _decode_reply(frames: list[bytes], operation: str, response_type: Any) -> Any:
+    def _decode_reply(frames: Sequence[bytes], operation: str, response_type: Any) -> Any:
         if len(frames) < 2:
             raise MPClientError(f"malformed reply to {operation}: {len(frames)} frame(s)")
         if protocol.is_error_operation(protocol.decode(frames[1])):

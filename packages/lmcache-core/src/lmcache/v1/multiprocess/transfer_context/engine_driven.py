@@ -1,0 +1,330 @@
+"""Engine-driven transfer: the worker gathers/scatters its KV blocks itself.
+
+``prepare_*`` / ``commit_*`` around a gather/scatter with
+``DeviceOps.multi_layer_block_kv_transfer``.  Sub-path **SHM** gathers into slots of the
+server's shared-memory pool (zero extra copies on the server); sub-path **inline** ships
+the chunk bytes in the messages (other hosts, no shared memory), each chunk its own ZMQ
+frame (see :mod:`.inline_frames`).  This replaces upstream's pickle sub-path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import msgspec
+import torch
+
+from lmcache.v1.multiprocess.transfer_context.base import (
+    TransferContext,
+    _done,
+    _failed,
+    _tensor_list,
+)
+from lmcache.v1.multiprocess.transfer_context.inline_frames import (
+    StagingBuffers,
+    receive_retrieve_frames,
+    send_store_frames,
+)
+from lmcache.v1.multiprocess.wire.chunking import (
+    ChunkSpan,
+    chunk_block_ids,
+    plan_chunks,
+    range_block_ids,
+)
+from lmcache.v1.multiprocess.wire.custom_types import (
+    EngineType,
+    InlineChunks,
+    IPCCacheServerKey,
+    RegisterEngineDrivenContextPayload,
+)
+from lmcache.v1.multiprocess.wire.protocol import ErrorCode
+from lmcache.v1.platform.kv_layout import dtype_from_name, dtype_name
+from lmcache.v1.platform.ops_types import TransferDirection
+from lmcache.v1.platform.transfer_mode import MPTransferMode
+
+logger = logging.getLogger(__name__)
+
+ENV_ENGINE_DRIVEN_SUB_PATH = "LMCACHE_MP_ENGINE_DRIVEN_SUB_PATH"
+SUB_PATH_SHM = "shm"
+SUB_PATH_INLINE = "inline"
+_SHM_DIR = "/dev/shm"
+
+
+def _requested_sub_path(explicit: str | None) -> str:
+    value = (explicit or os.environ.get(ENV_ENGINE_DRIVEN_SUB_PATH, "") or "auto").strip().lower()
+    if value not in ("auto", SUB_PATH_SHM, SUB_PATH_INLINE):
+        raise ValueError(
+            f"unknown engine-driven sub-path {value!r}; valid: auto, {SUB_PATH_SHM}, "
+            f"{SUB_PATH_INLINE}"
+        )
+    return value
+
+
+class EngineDrivenTransferContext(TransferContext):
+    """The worker gathers/scatters KV blocks itself (``multi_layer_block_kv_transfer``)."""
+
+    mode = MPTransferMode.ENGINE_DRIVEN
+
+    def __init__(self, instance_id: int, req_client: Any, sub_path: str | None = None) -> None:
+        super().__init__(instance_id, req_client)
+        self._requested = _requested_sub_path(sub_path)
+        self.sub_path = ""
+        self._pool: torch.Tensor | None = None
+        self._registered = False
+        self._ops: Any = None
+        self._payload: RegisterEngineDrivenContextPayload | None = None
+        # The framed inline operations, until a server answers that it lacks them.
+        self._framed = True
+        self._staging: StagingBuffers | None = None
+
+    def register(
+        self,
+        kv_caches: Mapping[str, torch.Tensor] | Sequence[torch.Tensor],
+        model_name: str,
+        world_size: int,
+        blocks_in_chunk: int,
+        mq_timeout: float,
+        layout_hints: Any = None,
+        engine_group_infos: Sequence[Any] = (),
+        engine_type: EngineType = EngineType.VLLM,
+    ) -> None:
+        from lmcache.v1.platform import resolve_device_ops
+
+        kv = _tensor_list(kv_caches)
+        layout = self._setup(kv, blocks_in_chunk)
+        self._ops = resolve_device_ops(kv[0].device.type)
+        self._payload = RegisterEngineDrivenContextPayload(
+            instance_id=self.instance_id,
+            model_name=model_name,
+            world_size=world_size,
+            block_size=layout.block_size,
+            num_layers=layout.num_layers,
+            hidden_dim_size=layout.hidden_dim_size,
+            dtype_str=dtype_name(layout.dtype),
+            use_mla=layout.use_mla,
+        )
+        self.register_again()
+
+    def register_again(self) -> None:
+        # A new server has a new shared-memory pool: the sub-path is chosen (and the pool
+        # mapped) afresh.
+        if self._payload is None:
+            raise RuntimeError("register_again before register")
+        self._pool = None
+        response = self.req_client.register_kv_cache_engine_driven_context(self._payload)
+        self._registered = True
+        self.sub_path = self._choose_sub_path(response.shm_name, response.pool_size)
+        if self.sub_path == SUB_PATH_INLINE:
+            if getattr(self.req_client, "server_is_upstream", False):
+                self.unregister()
+                raise ValueError(
+                    "the engine-driven inline sub-path is lmcache-core's own; this upstream "
+                    "LMCache server offers no shared memory (started without --shm-name), "
+                    "so it expects pickled chunks, which lmcache-core never sends. Start it "
+                    "with --shm-name <name> (SHM sub-path) or use mode 'lmcache_driven'."
+                )
+            # Without this declaration the server takes the worker for upstream's pickle
+            # sub-path and refuses it.
+            self.req_client.call("set_engine_driven_sub_path", self.instance_id, SUB_PATH_INLINE)
+        logger.info(
+            "engine-driven sub-path: %s", "SHM" if self.sub_path == SUB_PATH_SHM else "inline"
+        )
+
+    def _choose_sub_path(self, shm_name: str, pool_size: int) -> str:
+        if self._requested == SUB_PATH_INLINE:
+            return SUB_PATH_INLINE
+        if not shm_name or pool_size <= 0:
+            if self._requested == SUB_PATH_SHM:
+                raise ValueError(
+                    "engine-driven sub-path 'shm' was forced, but the server offers no shared "
+                    "memory (it runs with --shm-name '')"
+                )
+            return SUB_PATH_INLINE
+        try:
+            path = os.path.join(_SHM_DIR, shm_name.lstrip("/"))
+            self._pool = torch.from_file(path, shared=True, size=pool_size, dtype=torch.uint8)
+        except (OSError, RuntimeError) as exc:
+            if self._requested == SUB_PATH_SHM:
+                raise ValueError(
+                    f"cannot map the server's shared memory {shm_name!r}: {exc}"
+                ) from exc
+            logger.warning(
+                "cannot map the server's shared memory %r (%s); using the inline sub-path",
+                shm_name,
+                exc,
+            )
+            return SUB_PATH_INLINE
+        return SUB_PATH_SHM
+
+    def unregister(self) -> Future[Any] | None:
+        if not self._registered:
+            return None
+        self._registered = False
+        self._pool = None
+        self.req_client.unregister_kv_cache_engine_driven_context(self.instance_id)
+        return _done(None)
+
+    def _slot_tensors(self, slots: list[dict[str, Any]]) -> list[torch.Tensor]:
+        assert self._pool is not None
+        tensors = []
+        for slot in slots:
+            offset, length = int(slot["offset"]), int(slot["length"])
+            if offset < 0 or offset + length > self._pool.numel():
+                raise ValueError("the server sent a slot outside its shared-memory pool")
+            raw = self._pool[offset : offset + length]
+            tensors.append(raw.view(dtype_from_name(str(slot["dtype"]))).view(slot["shape"]))
+        return tensors
+
+    def _transfer(
+        self,
+        objects: list[torch.Tensor],
+        ids: list[int],
+        direction: TransferDirection,
+        skip_blocks: int = 0,
+    ) -> None:
+        assert self.layout is not None
+        self._ops.multi_layer_block_kv_transfer(
+            self._kv,
+            objects,
+            ids,
+            self._kv[0].device,
+            direction,
+            self.layout.shape_desc(),
+            self.chunk_size,
+            self.layout.engine_kv_format,
+            skip_blocks,
+        )
+
+    def _plan(
+        self, key: IPCCacheServerKey, block_ids: list[list[int]]
+    ) -> tuple[list[ChunkSpan], list[int]]:
+        assert self.layout is not None
+        spans = plan_chunks(key, self.chunk_size)
+        ids = range_block_ids(block_ids[0], key.start, key.end, self.layout.block_size)
+        return spans, ids
+
+    def submit_store(
+        self,
+        request_id: str,
+        key: IPCCacheServerKey,
+        kv_caches: Any,
+        block_ids: list[list[int]],
+        event: Any,
+        blocks_in_chunk: int,
+    ) -> Future[bool]:
+        try:
+            return _done(self._store(key, block_ids))
+        except Exception as exc:
+            return _failed(exc)
+
+    def _store(self, key: IPCCacheServerKey, block_ids: list[list[int]]) -> bool:
+        assert self.layout is not None
+        spans, ids = self._plan(key, block_ids)
+        context = self.req_client.prepare_store(key, self.instance_id).context
+        indices = [int(i) for i in context.get("chunk_indices", [])]
+        if not indices:
+            return bool(self.req_client.commit_store(key, self.instance_id, b""))
+        todo = [spans[i] for i in indices]
+        selected = chunk_block_ids(ids, todo, self.chunk_size, self.layout.block_size)
+        if self.sub_path == SUB_PATH_SHM:
+            self._transfer(self._slot_tensors(context["slots"]), selected, TransferDirection.D2H)
+            return bool(self.req_client.commit_store(key, self.instance_id, b""))
+        if self._framed_inline():
+            staging = self._staging_buffers()
+            self._transfer(staging.take(len(todo)), selected, TransferDirection.D2H)
+            try:
+                return send_store_frames(
+                    self.req_client, key, self.instance_id, indices, staging, len(todo)
+                )
+            except Exception as exc:  # the client's ServerError (worker sits above us)
+                self._note_unframed_server(exc)  # an earlier lmcache-core: msgpack below
+        return self._store_msgpack(key, indices, selected)
+
+    def _store_msgpack(
+        self, key: IPCCacheServerKey, indices: list[int], selected: list[int]
+    ) -> bool:
+        """The inline sub-path of servers without ``commit_store_frames``."""
+        assert self.layout is not None
+        shape = self.layout.transfer_shape(self.chunk_size)
+        staging = [torch.empty(shape, dtype=self.layout.dtype) for _ in indices]
+        self._transfer(staging, selected, TransferDirection.D2H)
+        data = msgspec.msgpack.encode(
+            InlineChunks(
+                chunk_indices=indices,
+                chunks=[t.view(torch.uint8).reshape(-1).numpy().tobytes() for t in staging],
+            )
+        )
+        return bool(self.req_client.commit_store(key, self.instance_id, data))
+
+    def _framed_inline(self) -> bool:
+        return self._framed and hasattr(self.req_client, "call_bulk")
+
+    def _staging_buffers(self) -> StagingBuffers:
+        assert self.layout is not None
+        if self._staging is None:
+            shape = tuple(self.layout.transfer_shape(self.chunk_size))
+            self._staging = StagingBuffers(shape, self.layout.dtype)
+        return self._staging
+
+    def _note_unframed_server(self, exc: Exception) -> None:
+        """An ``unknown_operation`` reply means a server without the framed operations:
+        fall back to the msgpack inline format for good; anything else is raised."""
+        if getattr(exc, "code", None) != ErrorCode.UNKNOWN_OPERATION.value:
+            raise exc
+        logger.info("the server has no framed inline operations; using msgpack inline data")
+        self._framed = False
+
+    def submit_retrieve(
+        self,
+        request_id: str,
+        key: IPCCacheServerKey,
+        kv_caches: Any,
+        block_ids: list[list[int]],
+        event: Any,
+        blocks_in_chunk: int,
+        skip_first_n_tokens: int = 0,
+    ) -> Future[bool]:
+        try:
+            return _done(self._retrieve(key, block_ids, skip_first_n_tokens))
+        except Exception as exc:
+            return _failed(exc)
+
+    def _retrieve(self, key: IPCCacheServerKey, block_ids: list[list[int]], skip: int) -> bool:
+        assert self.layout is not None
+        spans, ids = self._plan(key, block_ids)
+        skip_blocks = max(0, int(skip)) // self.layout.block_size
+        if self.sub_path == SUB_PATH_INLINE and self._framed_inline():
+            try:
+                objects = receive_retrieve_frames(
+                    self.req_client, key, self.instance_id, self.layout, self.chunk_size,
+                    len(spans),
+                )  # fmt: skip
+            except Exception as exc:  # the client's ServerError (worker sits above us)
+                self._note_unframed_server(exc)
+            else:
+                if objects is None:
+                    return False
+                self._transfer(objects, ids, TransferDirection.H2D, skip_blocks)
+                return True
+        response = self.req_client.prepare_retrieve(key, self.instance_id)
+        if not response.success:
+            return False
+        try:
+            if response.data:
+                chunks = msgspec.msgpack.decode(response.data, type=InlineChunks)
+                shape = self.layout.transfer_shape(self.chunk_size)
+                objects = [
+                    torch.frombuffer(bytearray(raw), dtype=self.layout.dtype).view(shape)
+                    for raw in chunks.chunks
+                ]
+            else:
+                objects = self._slot_tensors(response.context["slots"])
+            self._transfer(objects, ids, TransferDirection.H2D, skip_blocks)
+        finally:
+            if not response.data:
+                self.req_client.commit_retrieve(key, self.instance_id)
+        return True
