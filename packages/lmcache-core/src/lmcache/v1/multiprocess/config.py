@@ -44,6 +44,8 @@ class MPServerConfig:
     l2_disk_size_gb: float = 0.0
     l2_disk_adopt: bool = False
     l2_adapters: list[str] = dataclasses.field(default_factory=list)
+    l2_prefetch_max_in_flight: int = 8
+    l2_prefetch_wait_timeout_seconds: float = 30.0
     worker_reap_timeout_seconds: float = 120.0
     session_ttl_seconds: float = 600.0
     pending_transfer_timeout_seconds: float = 60.0
@@ -78,6 +80,12 @@ class MPServerConfig:
                 self.worker_reap_timeout_seconds,
             ),
             ("--l2-disk-size-gb", non_negative_float, self.l2_disk_size_gb),
+            ("--l2-prefetch-max-in-flight", non_negative_int, self.l2_prefetch_max_in_flight),
+            (
+                "--l2-prefetch-wait-timeout-seconds",
+                positive_float,
+                self.l2_prefetch_wait_timeout_seconds,
+            ),
         ]
         optional = [
             ("--l1-size-gb", positive_float, self.l1_size_gb),
@@ -178,6 +186,13 @@ def positive_int(text: str) -> int:
     value = _number(text, int, "an integer")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return int(value)
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(text, int, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
     return int(value)
 
 
@@ -455,6 +470,19 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
         "untouched (without it such a folder is refused).",
     )
     storage.add_argument(
+        "--l2-prefetch-max-in-flight",
+        type=non_negative_int,
+        default=8,
+        help="Lower-tier chunks read into L1 at once in the background after a lookup (as "
+        "upstream; default 8); 0 = no prefetch: a retrieve reads the lower tiers itself.",
+    )
+    storage.add_argument(
+        "--l2-prefetch-wait-timeout-seconds",
+        type=positive_float,
+        default=30.0,
+        help="How long a retrieve waits for the prefetch of a chunk it needs; then it is a miss.",
+    )
+    storage.add_argument(
         "--l2-adapter",
         action="append",
         default=[],
@@ -549,6 +577,8 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         l2_disk_size_gb=args.l2_disk_size_gb,
         l2_disk_adopt=args.l2_disk_adopt,
         l2_adapters=list(args.l2_adapter),
+        l2_prefetch_max_in_flight=args.l2_prefetch_max_in_flight,
+        l2_prefetch_wait_timeout_seconds=args.l2_prefetch_wait_timeout_seconds,
         worker_reap_timeout_seconds=args.worker_reap_timeout_seconds,
         session_ttl_seconds=args.session_ttl_seconds,
         pending_transfer_timeout_seconds=args.pending_transfer_timeout_seconds,

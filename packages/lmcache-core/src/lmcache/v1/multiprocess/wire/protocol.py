@@ -40,6 +40,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     Int64,
     IPCCacheServerKey,
     Name,
+    PrefetchProgress,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
     RegisterEngineDrivenContextPayload,
@@ -286,6 +287,12 @@ RPC_SPECS: dict[str, RpcSpec] = {
             pool=Pool.AFFINITY,
         ),
         RpcSpec("get_stats", (), ServerStats, pool=Pool.SHARED),
+        RpcSpec(
+            "query_prefetch_progress",
+            (_REQUEST_ID,),
+            PrefetchProgress | None,
+            pool=Pool.SHARED,
+        ),
     )
 }
 # uid + operation + the most payloads any operation takes; more frames are refused unread.
