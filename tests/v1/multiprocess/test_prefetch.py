@@ -162,7 +162,7 @@ def make_server() -> Iterator[Callable[..., tuple[MPCacheServer, GatedTier]]]:
 
 
 def _request(server: MPCacheServer, n_chunks: int, rid: str, seed: int = 0) -> tuple[Any, list]:
-    tokens = [seed * 100_000 + i for i in range(n_chunks * CHUNK_TOKENS)]
+    tokens = tuple(seed * 100_000 + i for i in range(n_chunks * CHUNK_TOKENS))
     key = IPCCacheServerKey("org/model", 1, None, tokens, 0, len(tokens), request_id=rid)
     keys = [server._storage_key(key, 0, s.chunk_hash) for s in prefix_chunks(key, CHUNK_TOKENS)]
     return key, keys
