@@ -129,7 +129,9 @@ class GatedTier(StorageBackendInterface):
         self.allow()
 
 
-def _server(tier_l1_size: str, max_in_flight: int) -> tuple[MPCacheServer, GatedTier]:
+def _server(
+    tier_l1_size: str, max_in_flight: int, wait_timeout: float = 5.0
+) -> tuple[MPCacheServer, GatedTier]:
     config = LMCacheEngineConfig.from_defaults(
         max_local_cpu_size=tier_l1_size, blocking_timeout_secs=1
     )
@@ -142,7 +144,7 @@ def _server(tier_l1_size: str, max_in_flight: int) -> tuple[MPCacheServer, Gated
     settings = CacheServerSettings(
         chunk_size=CHUNK_TOKENS,
         prefetch_max_in_flight=max_in_flight,
-        prefetch_wait_timeout_seconds=5.0,
+        prefetch_wait_timeout_seconds=wait_timeout,
     )
     return MPCacheServer(settings, storage, enable_metrics=False), tier
 
@@ -151,8 +153,10 @@ def _server(tier_l1_size: str, max_in_flight: int) -> tuple[MPCacheServer, Gated
 def make_server() -> Iterator[Callable[..., tuple[MPCacheServer, GatedTier]]]:
     made: list[tuple[MPCacheServer, GatedTier]] = []
 
-    def make(max_in_flight: int = 1, l1_size: str = "256KiB") -> tuple[MPCacheServer, GatedTier]:
-        made.append(_server(l1_size, max_in_flight))
+    def make(
+        max_in_flight: int = 1, l1_size: str = "256KiB", wait_timeout: float = 5.0
+    ) -> tuple[MPCacheServer, GatedTier]:
+        made.append(_server(l1_size, max_in_flight, wait_timeout))
         return made[-1]
 
     yield make
@@ -245,6 +249,22 @@ def test_retrieve_waits_only_for_its_chunks_and_is_bit_exact(make_server: Any) -
     assert objs is not None
     assert all(torch.equal(g, w) for g, w in zip(_bytes_of(objs), payloads))
     assert tier.reads == 4  # each chunk read once, by the prefetch: the retrieve read none
+
+
+def test_retrieve_timing_out_on_a_prefetch_is_a_miss(make_server: Any) -> None:
+    server, tier = make_server(max_in_flight=1, wait_timeout=0.3)
+    key, keys = _request(server, 2, "r1")
+    payloads = _put_below_l1(tier, keys)
+    server.lookup(key, 1)
+    started = time.monotonic()
+    assert server._get_all(keys) is None  # the reads are blocked: a miss after the timeout
+    assert 0.25 <= time.monotonic() - started < 5.0
+    assert tier.reads == 1  # the retrieve did not read the tier itself
+    tier.allow()
+    assert server.wait_prefetch_status("r1", 5.0) == 2
+    objs = server._get_all(keys)
+    assert objs is not None
+    assert all(torch.equal(g, w) for g, w in zip(_bytes_of(objs), payloads))
 
 
 def test_end_session_cancels_queued_reads_and_releases_every_pin(make_server: Any) -> None:
