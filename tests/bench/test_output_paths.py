@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = ("ops", "storage", "server")
+BENCHMARKS = ("ops", "storage", "server", "prefetch")
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

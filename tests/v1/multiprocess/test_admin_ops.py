@@ -43,6 +43,7 @@ REVIEWED_NON_ADMIN = frozenset(
         "lookup",
         "query_prefetch_status",
         "wait_prefetch_status",
+        "query_prefetch_progress",
         "free_lookup_locks",
         "end_session",
         "register_kv_cache_engine_driven_context",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from lmcache.bench._output import (
     add_output_arguments,

@@ -27,13 +27,13 @@ from lmcache.v1.multiprocess.flag_types import (
     LOG_LEVELS,
     log_level,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     tcp_port,
     tcp_port_or_off,
     usable_directory,
 )
-from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from lmcache.v1.multiprocess.server_flags import (
     AUTO_SHM,
     add_admin_args,
@@ -41,6 +41,7 @@ from lmcache.v1.multiprocess.server_flags import (
     add_mp_server_args,
     add_observability_args,
 )
+from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
@@ -92,6 +93,8 @@ class MPServerConfig:
     l2_disk_size_gb: float = 0.0
     l2_disk_adopt: bool = False
     l2_adapters: list[str] = dataclasses.field(default_factory=list)
+    l2_prefetch_max_in_flight: int = 8
+    l2_prefetch_wait_timeout_seconds: float = 30.0
     worker_reap_timeout_seconds: float = 120.0
     session_ttl_seconds: float = 600.0
     pending_transfer_timeout_seconds: float = 60.0
@@ -126,6 +129,12 @@ class MPServerConfig:
                 self.worker_reap_timeout_seconds,
             ),
             ("--l2-disk-size-gb", non_negative_float, self.l2_disk_size_gb),
+            ("--l2-prefetch-max-in-flight", non_negative_int, self.l2_prefetch_max_in_flight),
+            (
+                "--l2-prefetch-wait-timeout-seconds",
+                positive_float,
+                self.l2_prefetch_wait_timeout_seconds,
+            ),
         ]
         optional = [
             ("--l1-size-gb", positive_float, self.l1_size_gb),
@@ -221,6 +230,8 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         l2_disk_size_gb=args.l2_disk_size_gb,
         l2_disk_adopt=args.l2_disk_adopt,
         l2_adapters=list(args.l2_adapter),
+        l2_prefetch_max_in_flight=args.l2_prefetch_max_in_flight,
+        l2_prefetch_wait_timeout_seconds=args.l2_prefetch_wait_timeout_seconds,
         worker_reap_timeout_seconds=args.worker_reap_timeout_seconds,
         session_ttl_seconds=args.session_ttl_seconds,
         pending_transfer_timeout_seconds=args.pending_transfer_timeout_seconds,

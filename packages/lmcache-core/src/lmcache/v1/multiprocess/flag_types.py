@@ -45,6 +45,13 @@ def positive_int(text: str) -> int:
     return int(value)
 
 
+def non_negative_int(text: str) -> int:
+    value = _number(text, int, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return int(value)
+
+
 def positive_float(text: str) -> float:
     value = _number(text, float, "a number")
     if not value > 0 or value == float("inf"):

@@ -8,6 +8,7 @@ from lmcache.v1.config import CACHE_POLICIES
 from lmcache.v1.multiprocess.config_file import track_explicit_flags
 from lmcache.v1.multiprocess.flag_types import (
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     tcp_port,
@@ -115,6 +116,19 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Use a disk tier folder that holds files the tier did not write; they are left "
         "untouched (without it such a folder is refused).",
+    )
+    storage.add_argument(
+        "--l2-prefetch-max-in-flight",
+        type=non_negative_int,
+        default=8,
+        help="Lower-tier chunks read into L1 at once in the background after a lookup (as "
+        "upstream; default 8); 0 = no prefetch: a retrieve reads the lower tiers itself.",
+    )
+    storage.add_argument(
+        "--l2-prefetch-wait-timeout-seconds",
+        type=positive_float,
+        default=30.0,
+        help="How long a retrieve waits for the prefetch of a chunk it needs; then it is a miss.",
     )
     storage.add_argument(
         "--l2-adapter",

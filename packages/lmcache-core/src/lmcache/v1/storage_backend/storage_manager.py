@@ -281,6 +281,24 @@ class StorageManager(AllocatorBackendInterface):
             missing = still_missing
         return results
 
+    def read_lower_tiers(self, key: CacheEngineKey) -> MemoryObj | None:
+        """``key`` read from the first tier below L1 holding it, not promoted (the
+        prefetcher inserts it into L1 itself, pinned).  A tier's error propagates."""
+        for backend in self._lower:
+            if backend.contains(key):
+                obj = backend.get_blocking(key)
+                if obj is not None:
+                    return obj
+        return None
+
+    def in_l1(self, key: CacheEngineKey) -> bool:
+        return self._l1_stores and self.local_cpu_backend.contains(key)
+
+    def pin_tiers(self, key: CacheEngineKey) -> tuple[StorageBackendInterface, ...]:
+        """Pin ``key`` in every tier holding it; returns those tiers (unpin exactly them:
+        a copy promoted into L1 later carries no pin of this caller)."""
+        return tuple(b for b in self._tiers if b.contains(key, pin=True))
+
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         if pin:  # protect every copy, so no tier drops it while the caller relies on it
             return any([b.contains(key, pin=True) for b in self._tiers])

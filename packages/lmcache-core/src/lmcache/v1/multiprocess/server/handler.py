@@ -61,6 +61,8 @@ class MPCacheServer(LMCacheDrivenOps, EngineDrivenOps, AdminOps, WorkerRegistry,
         self._close_workers()
         self._pending.drop(lambda _iid: True)
         self._close_lookups()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         try:
             self.storage.close()
         finally:

@@ -73,6 +73,8 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
             pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
             session_ttl_seconds=config.session_ttl_seconds,
+            prefetch_max_in_flight=config.l2_prefetch_max_in_flight,
+            prefetch_wait_timeout_seconds=config.l2_prefetch_wait_timeout_seconds,
             instance_id=config.instance_id,
             admin=admin,
         )

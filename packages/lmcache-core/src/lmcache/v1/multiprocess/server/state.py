@@ -29,6 +29,7 @@ from lmcache.v1.memory.base import MemoryObj
 from lmcache.v1.multiprocess.kv_layout import KVLayout, chunk_memory_format
 from lmcache.v1.multiprocess.server.metrics import ServerMetrics
 from lmcache.v1.multiprocess.server.pending import PendingTransfers
+from lmcache.v1.multiprocess.server.prefetch import DEFAULT_MAX_IN_FLIGHT, Prefetcher, PrefetchJob
 from lmcache.v1.multiprocess.server.rate_limited_logs import RefusalLog
 from lmcache.v1.multiprocess.server.tiers import EvictionCounter, install_eviction_counters
 from lmcache.v1.multiprocess.wire.chunking import ChunkSpan, plan_chunks, range_block_ids
@@ -40,6 +41,7 @@ from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend
 from lmcache.v1.platform.cache_context import DeviceSpecLookup
 from lmcache.v1.platform.transfer_mode import MPTransferMode
+from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 # The storage key's dtype field is fixed: chunk objects carry their real dtype and shape,
@@ -58,6 +60,11 @@ class CacheServerSettings:
     worker_reap_timeout_seconds: float = 120.0
     pending_transfer_timeout_seconds: float = 60.0
     session_ttl_seconds: float = 600.0
+    # Background L2 -> L1 promotion of lookup hits (--l2-prefetch-max-in-flight, as
+    # upstream); 0 = synchronous (a retrieve reads the lower tiers itself).
+    prefetch_max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    # How long a retrieve waits for the prefetch of a chunk it needs before it is a miss.
+    prefetch_wait_timeout_seconds: float = 30.0
     admin: AdminPolicy = dataclasses.field(default_factory=AdminPolicy)
 
 
@@ -83,7 +90,9 @@ class LookupSession:
 
     hit_tokens: int
     hit_chunks: int
-    pinned: list[CacheEngineKey]
+    # Each pinned key with the tiers that pinned it (unpinned in exactly those).
+    pinned: list[tuple[CacheEngineKey, tuple[StorageBackendInterface, ...]]]
+    prefetch: PrefetchJob | None = None  # chunks being promoted into L1 for this session
     created: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -114,6 +123,11 @@ class ServerCore:
         self._pending = PendingTransfers()
         self._lookups: OrderedDict[str, LookupSession] = OrderedDict()
         self._lookups_lock = threading.Lock()
+        self.prefetcher: Prefetcher | None = None
+        if settings.prefetch_max_in_flight > 0:
+            self.prefetcher = Prefetcher(
+                storage, settings.prefetch_max_in_flight, settings.prefetch_wait_timeout_seconds
+            )
         self.stats = ServerStats(
             supported_transfer_mode=settings.supported_transfer_mode.value,
             shm_name=self.shm_name,
@@ -253,6 +267,10 @@ class ServerCore:
             self.metrics.add_retrieved(worker.mode.value, sub_path, nbytes)
 
     def _get_all(self, keys: list[Any]) -> list[MemoryObj] | None:
+        # Chunks still on their way into L1 are waited for (only these); a failed or
+        # overdue prefetch is a miss rather than a second, synchronous read.
+        if self.prefetcher is not None and not self.prefetcher.wait_for(keys):
+            return None
         found = self.storage.batched_get_blocking(keys)
         if any(obj is None for obj in found):
             for obj in found:

@@ -19,6 +19,7 @@ import msgspec
 from msgspec import Meta
 
 __all__ = [
+    "PrefetchProgress",
     "BlockAllocationRecord",
     "BlockId",
     "BlockIdList",
@@ -219,6 +220,17 @@ class InlineChunks(msgspec.Struct, forbid_unknown_fields=True):
 
     chunk_indices: list[int]
     chunks: list[bytes]
+
+
+class PrefetchProgress(msgspec.Struct, frozen=True):
+    """Progress of one lookup session's background promotion into L1 (chunks over all
+    ranks): the answer of ``query_prefetch_progress``."""
+
+    request_id: str
+    total_chunks: int
+    done_chunks: int  # finished: promoted or failed
+    failed_chunks: int
+    finished: bool
 
 
 class ServerStats(msgspec.Struct):

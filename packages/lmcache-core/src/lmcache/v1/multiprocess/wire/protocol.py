@@ -40,6 +40,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     Int64,
     IPCCacheServerKey,
     Name,
+    PrefetchProgress,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
     RegisterEngineDrivenContextPayload,
@@ -315,6 +316,12 @@ RPC_SPECS: dict[str, RpcSpec] = {
             PrepareRetrieveResponse,
             pool=Pool.AFFINITY,
             bulk_reply=True,
+        ),
+        RpcSpec(
+            "query_prefetch_progress",
+            (_REQUEST_ID,),
+            PrefetchProgress | None,
+            pool=Pool.SHARED,
         ),
     )
 }

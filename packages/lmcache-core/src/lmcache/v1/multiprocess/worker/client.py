@@ -21,6 +21,7 @@ import zmq
 from lmcache.v1.multiprocess.wire import protocol
 from lmcache.v1.multiprocess.wire.custom_types import (
     IPCCacheServerKey,
+    PrefetchProgress,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
     RegisterEngineDrivenContextPayload,
@@ -335,4 +336,9 @@ class MPClient:
 
     def get_stats(self) -> ServerStats:
         result: ServerStats = self.call("get_stats")
+        return result
+
+    def query_prefetch_progress(self, request_id: str) -> PrefetchProgress | None:
+        """Chunks done / total of the session's background promotion into L1."""
+        result: PrefetchProgress | None = self.call("query_prefetch_progress", request_id)
         return result

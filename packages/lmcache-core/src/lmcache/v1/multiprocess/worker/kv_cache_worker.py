@@ -34,6 +34,8 @@ from lmcache.v1.multiprocess.worker.client import DEFAULT_URL, MPClient
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 logger = logging.getLogger(__name__)
+# How long lookup() waits for the server's background promotion of its hits into L1.
+LOOKUP_PREFETCH_WAIT_S = 60.0
 
 
 def new_instance_id() -> int:
@@ -203,12 +205,14 @@ class KVCacheWorker:
     ) -> int:
         """Tokens of the longest stored prefix (every rank of ``tp_size`` must hold it).
 
-        With ``keep_locks`` the hit chunks stay pinned until :meth:`end_session`.
+        With ``keep_locks`` the hit chunks stay pinned until :meth:`end_session`.  Waits
+        (up to ``LOOKUP_PREFETCH_WAIT_S``) while the server promotes hits from its lower
+        tiers into L1; a prefetch still running then counts as a miss.
         """
         rid = request_id or uuid.uuid4().hex
         key = self.key(token_ids, request_id=rid, cache_salt=cache_salt, worker_id=None)
         self.client.lookup(key, tp_size or self.world_size)
-        hit_chunks = self.client.wait_prefetch_status(rid, 0.0)
+        hit_chunks = self.client.wait_prefetch_status(rid, LOOKUP_PREFETCH_WAIT_S)
         if not keep_locks:
             self.client.end_session(rid)
         return hit_chunks_to_tokens(hit_chunks, self.chunk_size, len(key.token_ids))
