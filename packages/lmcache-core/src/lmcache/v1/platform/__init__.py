@@ -22,7 +22,7 @@ from lmcache.v1.platform.registry import (
 from lmcache.v1.platform.registry import current_device_spec as get_current_device_spec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     import torch
 
@@ -88,13 +88,17 @@ def serving_device_type(torch_device_type: str) -> str:
     return torch_device_type
 
 
-def resolve_kv_wrapper_factory(device_type: str) -> Callable[[torch.Tensor], DeviceIPCWrapper]:
+def resolve_kv_wrapper_factory(
+    device_type: str,
+) -> Callable[[torch.Tensor | Sequence[torch.Tensor]], DeviceIPCWrapper]:
     """``ipc_wrapper_cls.wrap`` of the backend serving ``device_type``."""
     spec = get_device_spec(device_type)
     wrapper_cls = spec.ipc_wrapper_cls if spec is not None else None
     if wrapper_cls is None:
         raise ValueError(f"No KV-cache wrapper factory registered for device type {device_type!r}")
-    factory: Callable[[torch.Tensor], DeviceIPCWrapper] = getattr(wrapper_cls, "wrap", wrapper_cls)
+    factory: Callable[[torch.Tensor | Sequence[torch.Tensor]], DeviceIPCWrapper] = getattr(
+        wrapper_cls, "wrap", wrapper_cls
+    )
     return factory
 
 
