@@ -75,6 +75,7 @@ def _selected(python: Path, cwd: Path, name: str) -> dict[str, object]:
     return report
 
 
+@pytest.mark.scaffold
 def test_cpu_plugin_builds_installs_is_selected_and_certified(tmp_path: Path) -> None:
     require_module("setuptools", "builds the scaffolded wheel")
     project = _scaffold(tmp_path, "acme", "--device-type", "cpu")
@@ -91,6 +92,7 @@ def test_cpu_plugin_builds_installs_is_selected_and_certified(tmp_path: Path) ->
     assert "3 passed" in out, out
 
 
+@pytest.mark.scaffold
 def test_native_plugin_compiles_and_binds_its_extension(tmp_path: Path) -> None:
     require_module("scikit_build_core", "builds the --native scaffold")
     require_module("nanobind", "the --native scaffold's bindings")
@@ -106,6 +108,7 @@ def test_native_plugin_compiles_and_binds_its_extension(tmp_path: Path) -> None:
     assert vend["ops"] == "native (lmcache_vend.native_ops)"
 
 
+@pytest.mark.scaffold
 def test_accelerator_variant_is_not_available_on_a_cpu_host(tmp_path: Path) -> None:
     files = plugin_files("foo", "foo", native=False)
     assert 'foo = "lmcache_foo.device:FooDeviceSpec"' in files["pyproject.toml"]

@@ -80,6 +80,7 @@ def test_prerequisites_block_pins_torch_and_names_the_testing_extra() -> None:
     assert block[1] == 'pip install "lmcache-core[testing]"'
 
 
+@pytest.mark.scaffold
 @pytest.mark.timeout(1200)  # two conformance runs, a wheel build and a server round trip
 def test_walkthrough_commands_run_in_a_fresh_folder(tmp_path: Path) -> None:
     require_module("setuptools", "builds the scaffolded wheel")
