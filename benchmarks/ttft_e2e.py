@@ -50,6 +50,8 @@ SIZES: dict[str, tuple[int, int, int, int, int]] = {
 }
 CHUNK_SIZE = 256
 WARMUP_TOKENS = 64
+# One vLLM process (start-up plus every prompt of a case); a hang must not eat the run.
+CHILD_TIMEOUT_S = float(os.environ.get("LMCACHE_TTFT_CHILD_TIMEOUT", "3600"))
 
 
 def build_model(out_dir: Path, size: str) -> Path:
@@ -148,11 +150,19 @@ def run_child(workdir: Path, name: str, spec: dict[str, Any]) -> list[dict[str, 
     log = workdir / f"{name}.log"
     print(f"[ttft] {name}: vLLM child (log {log})", file=sys.stderr, flush=True)
     with open(log, "wb") as fh:
-        rc = subprocess.call(
+        child_proc = subprocess.Popen(
             [sys.executable, __file__, "--child", str(spec_path)],
             stdout=fh,
             stderr=subprocess.STDOUT,
         )
+        try:
+            rc = child_proc.wait(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child_proc.kill()
+            child_proc.wait()
+            raise RuntimeError(
+                f"{name}: vLLM child hung for {CHILD_TIMEOUT_S} s; see {log}"
+            ) from None
     if rc != 0:
         raise RuntimeError(f"{name}: vLLM child exited {rc}; see {log}")
     return list(json.loads(Path(spec["out"]).read_text()))
