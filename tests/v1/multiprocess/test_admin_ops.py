@@ -60,6 +60,8 @@ REVIEWED_NON_ADMIN = frozenset(
         "protocol_handshake",
         "set_engine_driven_sub_path",
         "get_stats",
+        "commit_store_frames",
+        "retrieve_frames",
     }
 )
 
