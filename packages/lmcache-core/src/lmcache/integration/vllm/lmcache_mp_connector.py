@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from lmcache.integration.vllm.connector_stats import LMCacheMPConnectorStats, LMCacheMPPromMetrics
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig, parse_extra_config
 from lmcache.integration.vllm.scheduler_side import (
@@ -229,6 +230,29 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._heartbeat.stop()
         self._worker.close()
         self.link.close()
+
+    # -- metrics (see connector_stats) --------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> LMCacheMPConnectorStats | None:
+        """What this side recorded since vLLM last asked; None when nothing."""
+        side = self._scheduler if self._role == KVConnectorRole.SCHEDULER else self._worker
+        return side.stats.take()
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> LMCacheMPConnectorStats | None:
+        return LMCacheMPConnectorStats(data=dict(data)) if data else LMCacheMPConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> LMCacheMPPromMetrics:
+        return LMCacheMPPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # -- class-level hooks --------------------------------------------------------------------
 

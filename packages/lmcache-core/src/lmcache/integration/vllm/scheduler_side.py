@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from lmcache.integration.vllm.connector_stats import StatsRecorder
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
 from lmcache.integration.vllm.scheduler_state import (
@@ -73,6 +74,7 @@ class SchedulerSide:
         self._trackers: dict[str, LMCacheMPRequestTracker] = {}
         self._requests: dict[str, Request] = {}
         self._lookups: dict[str, _Lookup] = {}
+        self.stats = StatsRecorder()
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -169,6 +171,7 @@ class SchedulerSide:
             if hit is None:
                 return None, False
             tracker.hit_tokens = hit_chunks_to_tokens(hit, chunk_size, tracker.prompt_len)
+            self._count_lookup(tracker, chunk_size)
         usable = usable_hit_tokens(tracker.hit_tokens, tracker.prompt_len, chunk_size)
         tracker.local_computed = num_computed_tokens
         if usable <= num_computed_tokens:
@@ -176,6 +179,15 @@ class SchedulerSide:
             return 0, False
         tracker.state = LMCacheMPRequestState.WAITING_FOR_LOAD
         return usable - num_computed_tokens, False
+
+    def _count_lookup(self, tracker: LMCacheMPRequestTracker, chunk_size: int) -> None:
+        """Metrics: once per request, when its lookup resolves."""
+        hit_tokens = tracker.hit_tokens or 0
+        self.stats.add(
+            lookups=1,
+            lookup_tokens=tracker.prompt_len,
+            hit_tokens=usable_hit_tokens(hit_tokens, tracker.prompt_len, chunk_size),
+        )
 
     def update_state_after_alloc(self, request: Request, num_external_tokens: int) -> None:
         tracker = self._tracker(request)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import torch
 
+from lmcache.integration.vllm.connector_stats import StatsRecorder
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
 from lmcache.integration.vllm.scheduler_state import LMCacheMPRequestMetadata, blocks_of_range
@@ -64,6 +66,8 @@ class WorkerSide:
         self._rank = 0
         self._instance_id = 0
         self._load_errors: set[int] = set()
+        self.stats = StatsRecorder()
+        self._bytes_per_token = 0  # this rank's KV bytes per token, for the metrics
         # Held by transfers and by (re-)registration, which may remap the server's pool.
         self._lock = threading.Lock()
 
@@ -88,6 +92,7 @@ class WorkerSide:
         self._instance_id = new_instance_id()
         self.layout = layout
         self._views = views
+        self._bytes_per_token = _bytes_per_token(views, layout)
         self.link.add_listener(self._on_new_server)
         if self.link.guarded is not None:
             self._register_first_time()
@@ -177,9 +182,14 @@ class WorkerSide:
     def load(self, loads: list[LMCacheMPRequestMetadata]) -> None:
         """Load each range; a failed one joins the blocks vLLM must recompute."""
         for item in loads:
-            if self.link.ready and self._run_transfer("retrieve", item):
-                continue
             op = item.op
+            started = time.perf_counter()
+            if self.link.ready and self._run_transfer("retrieve", item):
+                tokens = op.end - op.skip_first_n_tokens
+                self.stats.observe_load(time.perf_counter() - started)
+                self.stats.add(loaded_tokens=tokens, loaded_bytes=tokens * self._bytes_per_token)
+                continue
+            self.stats.add(failed_loads=1)
             self._load_errors |= blocks_of_range(
                 op.block_ids[0], op.skip_first_n_tokens, op.end, self.block_size
             )
@@ -193,7 +203,11 @@ class WorkerSide:
         for item in stores:
             if not self.link.ready:
                 return
-            self._run_transfer("store", item)
+            tokens = item.op.end - item.op.start
+            if self._run_transfer("store", item):
+                self.stats.add(stored_tokens=tokens, stored_bytes=tokens * self._bytes_per_token)
+            else:
+                self.stats.add(failed_stores=1)
 
     def _run_transfer(self, what: str, item: LMCacheMPRequestMetadata) -> bool:
         if self._transfer is None or self.link.chunk_size is None:
@@ -241,3 +255,12 @@ class WorkerSide:
                 transfer.close()
             except Exception:
                 logger.debug("closing the transfer context failed", exc_info=True)
+
+
+def _bytes_per_token(views: dict[str, torch.Tensor], layout: DetectedLayout) -> int:
+    """KV bytes one token takes on this rank, over all layers (K and V)."""
+    slots = layout.num_blocks * layout.block_size
+    if not slots:
+        return 0
+    total = sum(view.numel() * view.element_size() for view in views.values())
+    return total // slots
