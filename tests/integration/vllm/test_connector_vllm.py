@@ -97,3 +97,24 @@ def test_bad_extra_config_fails_before_connecting() -> None:
         LMCacheMPConnector(
             _fake_vllm_config(5555, **{"lmcache.mp.port": "x"}), KVConnectorRole.WORKER, None
         )
+
+
+def test_autostart_starts_one_server_for_both_roles_and_stops_it() -> None:
+    port = _unused_port()
+    extra = {
+        "lmcache.mp.autostart": "true",
+        "lmcache.mp.autostart.server_args": "--l1-size-gb 0.05",
+    }
+    worker = LMCacheMPConnector(_fake_vllm_config(port, **extra), KVConnectorRole.WORKER, None)
+    scheduler = LMCacheMPConnector(
+        _fake_vllm_config(port, **extra), KVConnectorRole.SCHEDULER, None
+    )
+    owned = worker._autostarted
+    try:
+        assert owned is not None and owned.proc.poll() is None
+        assert scheduler._autostarted is None  # it found the worker's server answering
+        assert worker.chunk_size is not None and scheduler.chunk_size == worker.chunk_size
+    finally:
+        scheduler.shutdown()
+        worker.shutdown()
+    assert owned is not None and owned.proc.returncode is not None

@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from lmcache.integration.vllm.autostart import AutostartedServer, ensure_local_server
 from lmcache.integration.vllm.connector_stats import LMCacheMPConnectorStats, LMCacheMPPromMetrics
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig, parse_extra_config
@@ -97,6 +98,13 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 f"{list(self.config.server_urls)}"
             )
         self.server_url = self.config.server_urls[0]
+        self._autostarted: AutostartedServer | None = None
+        if self.config.autostart:
+            self._autostarted = ensure_local_server(
+                self.server_url,
+                self.config.autostart_server_args,
+                self.config.autostart_wait_timeout,
+            )
         self.model_name = _model_name(vllm_config)
         self.world_size = _tp_size(vllm_config)
         self.block_size = int(vllm_config.cache_config.block_size)
@@ -230,6 +238,8 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._heartbeat.stop()
         self._worker.close()
         self.link.close()
+        if self._autostarted is not None:
+            self._autostarted.stop()
 
     # -- metrics (see connector_stats) --------------------------------------------------------
 

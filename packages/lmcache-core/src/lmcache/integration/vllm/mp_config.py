@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "autostart.server_args": (),
     "autostart.wait_timeout": 90.0,
 }
+DEFAULT_WAIT_TIMEOUT = DEFAULTS["autostart.wait_timeout"]
 # Read by upstream outside the ``lmcache.mp.`` namespace.
 MAX_OFFLOAD_TOKENS_KEY = "lmcache.max_offload_tokens"
 
@@ -50,7 +51,6 @@ UNSUPPORTED = {
     "use_vmm_api": "CUDA VMM allocations are not supported by lmcache-core",
     "lazy_offload": "lazy offload is not implemented; KV is stored eagerly after each step",
     "transfer_intermediate_tensors": "intermediate tensors are not transferred",
-    "autostart": "start the server yourself with `lmcache server ...`",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -135,6 +135,10 @@ class MPConnectorConfig:
     save_decode_cache: bool
     max_offload_tokens: int | None
     port: int
+    # lmcache.mp.autostart: start a local server when none answers (see .autostart).
+    autostart: bool = False
+    autostart_server_args: tuple[str, ...] = ()
+    autostart_wait_timeout: float = 90.0
 
     @property
     def start_server_hint(self) -> str:
@@ -201,6 +205,7 @@ def parse_extra_config(
             PREFIX,
             get("mq_timeout"),
         )
+    _check_autostart(values, urls)
     return MPConnectorConfig(
         server_urls=tuple(urls),
         mq_timeout=float(get("mq_timeout")),
@@ -213,4 +218,21 @@ def parse_extra_config(
         save_decode_cache=bool(get("save_decode_cache")),
         max_offload_tokens=max_offload,
         port=int(port),
+        autostart=bool(get("autostart")),
+        autostart_server_args=tuple(get("autostart.server_args")),
+        autostart_wait_timeout=float(get("autostart.wait_timeout")),
     )
+
+
+def _check_autostart(values: Mapping[str, Any], urls: list[str]) -> None:
+    """Autostart settings are checked at start-up, before anything is launched."""
+    from lmcache.integration.vllm.autostart import check_server_args, local_host_port
+
+    wait = values.get("autostart.wait_timeout", DEFAULT_WAIT_TIMEOUT)
+    if wait <= 0:
+        raise ValueError(f"{PREFIX}autostart.wait_timeout must be positive, got {wait}")
+    check_server_args(values.get("autostart.server_args", ()))
+    if values.get("autostart"):
+        if len(urls) != 1:
+            raise ValueError(f"{PREFIX}autostart starts one server; got server_urls {urls}")
+        local_host_port(urls[0])
