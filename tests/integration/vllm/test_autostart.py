@@ -137,7 +137,7 @@ def test_a_server_that_does_not_come_up_in_time_is_stopped(
 
     monkeypatch.setattr(autostart, "_spawn", recording_spawn)
     url = f"tcp://127.0.0.1:{_unused_port()}"
-    with pytest.raises(RuntimeError, match="did not answer within 0.1 s"):
+    with pytest.raises(RuntimeError, match=r"did not answer within 0\.1 s"):
         ensure_local_server(url, SMALL_SERVER, wait_timeout=0.1)
     assert len(started) == 1 and started[0].proc.returncode is not None
 
