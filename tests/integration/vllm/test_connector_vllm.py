@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import socket
+import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -99,7 +101,10 @@ def test_bad_extra_config_fails_before_connecting() -> None:
         )
 
 
-def test_autostart_starts_one_server_for_both_roles_and_stops_it() -> None:
+def test_autostart_starts_one_server_for_both_roles_and_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its lock and log files
     port = _unused_port()
     extra = {
         "lmcache.mp.autostart": "true",
@@ -111,10 +116,10 @@ def test_autostart_starts_one_server_for_both_roles_and_stops_it() -> None:
     )
     owned = worker._autostarted
     try:
-        assert owned is not None and owned.proc.poll() is None
+        assert owned is not None and owned.running
         assert scheduler._autostarted is None  # it found the worker's server answering
         assert worker.chunk_size is not None and scheduler.chunk_size == worker.chunk_size
     finally:
         scheduler.shutdown()
         worker.shutdown()
-    assert owned is not None and owned.proc.returncode is not None
+    assert owned is not None and not owned.running

@@ -6,12 +6,13 @@ them take turns: the first finds no server, starts one and waits until it answer
 others then find it answering and reuse it.  A server that was already running (started
 by hand, or by another vLLM) is reused and never stopped.
 
-The started server (``python -m lmcache.v1.multiprocess.server --host H --port P
---http-host H ...``, our module path for upstream's ``lmcache.v1.multiprocess.http_server``)
-runs in its own process group, so vLLM's signals do not reach it directly.  Its owner stops
-it (SIGTERM, which makes it unlink its shared memory, then SIGKILL) at connector shutdown or
-interpreter exit; on Linux the kernel also sends it SIGTERM when the owning process dies
-without either (``PR_SET_PDEATHSIG``), so a killed vLLM leaves no server behind.
+The started server (``python -m lmcache.v1.multiprocess.server.owned OWNER_PID --host H
+--port P --http-host H ...``, our counterpart of upstream's ``python -m
+lmcache.v1.multiprocess.http_server``) is detached from vLLM's process tree (double fork,
+its own session): vLLM's shutdown SIGKILLs its engine's whole tree, which would leave the
+server no chance to unlink its shared memory.  It stops itself (as on SIGTERM) when the
+process that started it exits, however that process ends; that process also stops it
+(SIGTERM, then SIGKILL) at connector shutdown or interpreter exit.
 """
 
 from __future__ import annotations
@@ -41,21 +42,22 @@ RESERVED_ARGS = ("--host", "--port", "--http-host")
 # and Prometheus ports are off so an autostarted server never collides with vLLM's ports
 # or a second deployment's server; the user may turn them on in server_args.
 DEFAULT_SERVER_ARGS = ("--http-port", "0", "--prometheus-port", "0")
-SERVER_MODULE = "lmcache.v1.multiprocess.server"
 STOP_GRACE_S = 15.0
 STDERR_TAIL_BYTES = 4000
 _POLL_S = 0.25
 
-# The child runs this first: die with the parent (Linux; the setting survives exec), then
-# become the server.  The ppid check closes the race of a parent that died before prctl ran.
+SERVER_MODULE = "lmcache.v1.multiprocess.server.owned"
+# Run by the direct child: fork the server into its own session (out of vLLM's process
+# tree), print its pid, exit.  The server's stdout joins its log (the child's stderr).
 _LAUNCHER = (
-    "import ctypes, os, signal, sys\n"
-    "parent = int(sys.argv[1])\n"
-    "if sys.platform.startswith('linux'):\n"
-    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
-    "if os.getppid() != parent:\n"
-    "    sys.exit('lmcache autostart: vLLM exited before the server started')\n"
-    "os.execv(sys.executable, [sys.executable, '-m', *sys.argv[2:]])\n"
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid:\n"
+    "    print(pid, flush=True)\n"
+    "    os._exit(0)\n"
+    "os.setsid()\n"
+    "os.dup2(2, 1)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', *sys.argv[1:]])\n"
 )
 
 
@@ -102,35 +104,61 @@ def _port_lock(port: int) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an exited server nobody reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 class AutostartedServer:
     """A server this process started; ``stop`` is idempotent and only acts in its owner."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-        self.proc = proc
+    def __init__(self, pid: int, url: str, log_path: Path) -> None:
+        self.pid = pid  # also its process group and session id
         self.url = url
         self.log_path = log_path
         self._owner_pid = os.getpid()  # a forked child must not stop its parent's server
         atexit.register(self.stop)
 
     @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def running(self) -> bool:
+        return _running(self.pid)
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(self.pid) == self.pid:  # still our server, not a reused pid
+                os.killpg(self.pid, signum)
+
+    def _wait_stopped(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.running:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def stop(self) -> None:
-        if os.getpid() != self._owner_pid or self.proc.poll() is not None:
+        if os.getpid() != self._owner_pid:
             return
-        logger.info("stopping the autostarted LMCache server (pid %d)", self.proc.pid)
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
+        atexit.unregister(self.stop)
+        if not self.running:
+            return
+        logger.info("stopping the autostarted LMCache server (pid %d)", self.pid)
+        self._signal(signal.SIGTERM)
+        if not self._wait_stopped(STOP_GRACE_S):
             logger.warning(
                 "the autostarted LMCache server ignored SIGTERM for %.0f s; killing it",
                 STOP_GRACE_S,
             )
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        atexit.unregister(self.stop)
+            self._signal(signal.SIGKILL)
+            self._wait_stopped(STOP_GRACE_S)
 
     def stderr_tail(self) -> str:
         try:
@@ -142,39 +170,41 @@ class AutostartedServer:
             return f"(cannot read {self.log_path}: {exc})"
 
 
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signum)
-
-
 def _spawn(host: str, port: int, server_args: Sequence[str]) -> AutostartedServer:
     cmd = [
-        sys.executable, "-c", _LAUNCHER, str(os.getpid()), SERVER_MODULE,
+        sys.executable, "-c", _LAUNCHER, SERVER_MODULE, str(os.getpid()),
         "--host", host, "--port", str(port), "--http-host", host,
         *DEFAULT_SERVER_ARGS, *server_args,
     ]  # fmt: skip
     log_fd, log_name = tempfile.mkstemp(prefix=f"lmcache-autostart-{port}-", suffix=".log")
     try:
-        proc = subprocess.Popen(
+        launcher = subprocess.run(
             cmd,
             stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped as a whole, by us
+            stdout=subprocess.PIPE,
+            stderr=log_fd,
+            timeout=60,
+            check=False,
         )
     finally:
         os.close(log_fd)
+    pid_text = launcher.stdout.decode().strip()
+    if launcher.returncode != 0 or not pid_text.isdigit():
+        raise RuntimeError(
+            f"could not launch the LMCache server (status {launcher.returncode}); see {log_name}"
+        )
+    pid = int(pid_text)
     logger.info(
-        "autostarted an LMCache server on %s:%d (pid %d, log %s)", host, port, proc.pid, log_name
+        "autostarted an LMCache server on %s:%d (pid %d, log %s)", host, port, pid, log_name
     )
-    return AutostartedServer(proc, f"tcp://{host}:{port}", Path(log_name))
+    return AutostartedServer(pid, f"tcp://{host}:{port}", Path(log_name))
 
 
 def _wait_until_up(server: AutostartedServer, wait_timeout: float) -> None:
     deadline = time.monotonic() + wait_timeout
     while True:
-        if server.proc.poll() is not None:
-            why = f"exited with status {server.proc.returncode}"
+        if not server.running:
+            why = "exited"
             break
         if server_answers(server.url, timeout=min(1.0, max(0.1, deadline - time.monotonic()))):
             return
