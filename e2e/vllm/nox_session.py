@@ -46,6 +46,7 @@ def run(session: Any, core_wheel: str | None = None) -> None:
         "--modes",
         "engine_driven,lmcache_driven",
         "--restart",
+        "--two-servers",
         env=env,
     )
     session.run("python", str(HERE / "run_serve.py"), "--workdir", str(workdir), env=env)

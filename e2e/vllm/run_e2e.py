@@ -11,6 +11,9 @@ prefix (server stats: stored and retrieved tokens > 0) and that every generation
 the baseline token for token (greedy).  Prints TTFT of both requests and writes a JSON
 summary to ``<workdir>/summary.json``.  With ``--restart`` the engine-driven mode runs as
 the late-start / kill -9 / restart steps of ``run_restart.py`` (which check the same).
+With ``--two-servers`` every other mode runs against two servers
+(``lmcache.mp.server_urls``) with two prompts that the placement sends to different
+servers: the same checks, per server, in one vLLM start (one server start more).
 Exit status 0 on success.
 """
 
@@ -38,6 +41,7 @@ from e2e_common import (  # noqa: E402
 from tiny_model import build  # noqa: E402
 
 MAX_TOKENS = 12
+BLOCK_SIZE = 32
 
 
 def make_llm(model: str, kv_transfer: dict[str, Any] | None) -> Any:
@@ -50,7 +54,7 @@ def make_llm(model: str, kv_transfer: dict[str, Any] | None) -> Any:
     return LLM(
         model=model,
         dtype="float32",
-        block_size=32,
+        block_size=BLOCK_SIZE,
         max_model_len=2048,
         max_num_seqs=4,
         max_num_batched_tokens=2048,
@@ -120,6 +124,73 @@ def run_mode(mode: str, model: str, prompt: str, workdir: Path, baseline: list[i
         stop_server(server)
 
 
+def prompt_for_other_server(llm: Any, prompt: str, urls: list[str]) -> str:
+    """A variant of ``prompt`` (its words rotated) placed on the other server."""
+    from lmcache.integration.vllm.multi_server import server_index
+
+    tokenizer = llm.get_tokenizer()
+    first = server_index(tokenizer.encode(prompt), "", BLOCK_SIZE, urls)
+    words = prompt.split(" ")
+    for shift in range(1, len(words)):
+        variant = " ".join(words[shift:] + words[:shift])
+        if server_index(tokenizer.encode(variant), "", BLOCK_SIZE, urls) != first:
+            return variant
+    raise AssertionError("no rotation of the prompt is placed on the other server")
+
+
+def run_two_servers(
+    mode: str,
+    model: str,
+    prompts: list[str],
+    workdir: Path,
+    baselines: list[list[int]],
+    ports: list[int],
+) -> dict:
+    """Two servers, one vLLM: each prompt stored on and retrieved from its own server."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def start(index: int) -> Any:
+        log = workdir / f"server-{mode}-{index}.log"
+        # Two servers on one host: each needs its own HTTP and Prometheus ports (0: off).
+        return start_server(ports[index], mode, log, "--http-port", "0", "--prometheus-port", "0")
+
+    servers = []
+    try:
+        # Started side by side: the second server costs no extra start-up wait.
+        with ThreadPoolExecutor(len(ports)) as pool:
+            starting = [pool.submit(start, index) for index in range(len(ports))]
+        servers = [future.result() for future in starting if future.exception() is None]
+        for future in starting:
+            error = future.exception()
+            if error is not None:
+                raise error  # the servers that did start are stopped below
+        config = connector_config(ports[0], mode)
+        extra = config["kv_connector_extra_config"]
+        del extra["lmcache.mp.host"], extra["lmcache.mp.port"]
+        extra["lmcache.mp.server_urls"] = ",".join(f"tcp://127.0.0.1:{port}" for port in ports)
+        llm = make_llm(model, config)
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        outputs = []
+        for prompt in prompts:
+            for _ in range(2):  # stored by the first request, retrieved by the second
+                out = llm.generate([prompt], params, use_tqdm=False)[0]
+                outputs.append(list(out.outputs[0].token_ids))
+        stats = [server_stats(port) for port in ports]
+        del llm
+        for index, baseline in enumerate(baselines):
+            for run in (2 * index, 2 * index + 1):
+                assert outputs[run] == baseline, f"{mode} x2: {outputs[run]} != {baseline}"
+        for port, stat in zip(ports, stats):
+            assert stat["stored_tokens"] > 0, f"{mode}: server {port} stored nothing: {stat}"
+            assert stat["retrieved_tokens"] > 0, f"{mode}: server {port} served no hit: {stat}"
+        return {"mode": mode, "servers": 2, "stats": stats}
+    finally:
+        for server in servers:
+            stop_server(server)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", default="/tmp/lmcache-vllm-e2e")
@@ -128,6 +199,11 @@ def main() -> int:
         "--restart",
         action="store_true",
         help="run engine_driven as the server-restart steps of run_restart.py",
+    )
+    parser.add_argument(
+        "--two-servers",
+        action="store_true",
+        help="run the other modes against two servers (lmcache.mp.server_urls)",
     )
     args = parser.parse_args()
     workdir = Path(args.workdir)
@@ -138,6 +214,15 @@ def main() -> int:
     baseline_llm = make_llm(model, None)
     generate(baseline_llm, prompt)  # warm-up
     baseline, ttft_miss, prompt_tokens = generate(baseline_llm, prompt)
+    # Placement hashes the server URLs, so the ports of the two-server run are drawn now
+    # and the second prompt (the one placed on the other server) chosen with them.
+    two_ports = [free_port(), free_port()]
+    two_urls = [f"tcp://127.0.0.1:{port}" for port in two_ports]
+    two_prompts, two_baselines = [prompt], [baseline]
+    if args.two_servers:
+        other = prompt_for_other_server(baseline_llm, prompt, two_urls)
+        two_prompts.append(other)
+        two_baselines.append(generate(baseline_llm, other)[0])
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -164,6 +249,12 @@ def main() -> int:
                 f"{mode}: OK through late start, kill -9 and restart; TTFT with cache hit "
                 f"{summary['restart']['ttft_hit_s']:.3f} s vs without cache {ttft_miss:.3f} s"
             )
+            continue
+        if args.two_servers:
+            summary["modes"].append(
+                run_two_servers(mode, model, two_prompts, workdir, two_baselines, two_ports)
+            )
+            print(f"{mode} with two servers: OK, each stored and served its own prompt")
             continue
         result = run_mode(mode, model, prompt, workdir, baseline)
         summary["modes"].append(result)

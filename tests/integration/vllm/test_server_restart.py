@@ -124,7 +124,12 @@ def server(tmp_path: Path) -> Iterator[RestartableServer]:
     srv.stop()
 
 
-def _vllm_config(port: int) -> SimpleNamespace:
+def _vllm_config(port: int, server_urls: list[str] | None = None) -> SimpleNamespace:
+    where = (
+        {"lmcache.mp.server_urls": ",".join(server_urls)}
+        if server_urls
+        else {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": str(port)}
+    )
     return SimpleNamespace(
         kv_transfer_config=KVTransferConfig(
             kv_connector="LMCacheMPConnector",
@@ -132,8 +137,7 @@ def _vllm_config(port: int) -> SimpleNamespace:
             kv_role="kv_both",
             kv_load_failure_policy="recompute",
             kv_connector_extra_config={
-                "lmcache.mp.host": "tcp://127.0.0.1",
-                "lmcache.mp.port": str(port),
+                **where,
                 "lmcache.mp.mq_timeout": "5",
                 "lmcache.mp.heartbeat_interval": str(HEARTBEAT_S),
                 "lmcache.mp.mp_transfer_mode": "engine_driven",
@@ -148,8 +152,8 @@ def _vllm_config(port: int) -> SimpleNamespace:
 class Engine:
     """The scheduler and worker connectors of one fake engine, and its KV cache."""
 
-    def __init__(self, port: int) -> None:
-        config = _vllm_config(port)
+    def __init__(self, port: int, server_urls: list[str] | None = None) -> None:
+        config = _vllm_config(port, server_urls)
         spec = SimpleNamespace(num_kv_heads=NUM_HEADS, head_size=HEAD_SIZE)
         kv_config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
         self.scheduler = LMCacheMPConnector(config, KVConnectorRole.SCHEDULER, None)
@@ -166,10 +170,10 @@ class Engine:
         self.worker.shutdown()
         self.scheduler.shutdown()
 
-    def lookup(self) -> int:
-        """Tokens the scheduler says vLLM may load for a new request of ``PROMPT``."""
+    def lookup(self, prompt: list[int] = PROMPT) -> int:
+        """Tokens the scheduler says vLLM may load for a new request of ``prompt``."""
         self._requests += 1
-        request = SimpleNamespace(request_id=f"req-{self._requests}", prompt_token_ids=PROMPT)
+        request = SimpleNamespace(request_id=f"req-{self._requests}", prompt_token_ids=prompt)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             hit, is_async = self.scheduler.get_num_new_matched_tokens(request, 0)
@@ -187,14 +191,14 @@ class Engine:
         self.worker.clear_connector_metadata()
         return set(self.worker.get_block_ids_with_load_errors())
 
-    def store(self, blocks: tuple[int, ...] = (0, 1, 2, 3)) -> None:
-        op = LoadStoreOp(tuple(PROMPT[:STORED]), (blocks,), 0, STORED)
+    def store(self, blocks: tuple[int, ...] = (0, 1, 2, 3), prompt: list[int] = PROMPT) -> None:
+        op = LoadStoreOp(tuple(prompt[:STORED]), (blocks,), 0, STORED)
         meta = LMCacheMPConnectorMetadata(stores=[LMCacheMPRequestMetadata("s", op)])
         assert self._step(meta) == set()  # a store never reports blocks to recompute
 
-    def load(self, blocks: tuple[int, ...] = (4, 5, 6, 7)) -> set[int]:
+    def load(self, blocks: tuple[int, ...] = (4, 5, 6, 7), prompt: list[int] = PROMPT) -> set[int]:
         """Load the stored prefix into ``blocks``; the blocks vLLM must recompute."""
-        op = LoadStoreOp(tuple(PROMPT[:STORED]), (blocks,), 0, STORED)
+        op = LoadStoreOp(tuple(prompt[:STORED]), (blocks,), 0, STORED)
         return self._step(LMCacheMPConnectorMetadata(loads=[LMCacheMPRequestMetadata("l", op)]))
 
     def blocks_equal(self, a: tuple[int, ...], b: tuple[int, ...]) -> bool:

@@ -17,6 +17,10 @@ The cache is best-effort: a server that is down at start-up or dies later turns 
 into misses and stores into no-ops (one warning per outage), never an error or a hang;
 when it is back (or restarted), the heartbeat re-registers the worker and the cache
 resumes without restarting vLLM.
+
+With several servers (``"lmcache.mp.server_urls": "tcp://127.0.0.1:5555,tcp://127.0.0.1:5556"``)
+each prefix lives on one of them, chosen by a hash both roles compute alike, and each
+server has its own link, heartbeat and sides (see :mod:`.multi_server`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ from lmcache.integration.vllm.autostart import AutostartedServer, ensure_local_s
 from lmcache.integration.vllm.connector_stats import LMCacheMPConnectorStats, LMCacheMPPromMetrics
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig, parse_extra_config
+from lmcache.integration.vllm.multi_server import (
+    SchedulerRouter,
+    WorkerRouter,
+    check_same_chunk_size,
+)
 from lmcache.integration.vllm.scheduler_side import (
     LOOKUP_TIMEOUT_S,
     LMCacheMPConnectorMetadata,
@@ -92,14 +101,10 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config: MPConnectorConfig = parse_extra_config(extra)
-        if len(self.config.server_urls) != 1:
-            raise ValueError(
-                "lmcache.mp.server_urls: this version supports exactly one server, got "
-                f"{list(self.config.server_urls)}"
-            )
-        self.server_url = self.config.server_urls[0]
+        self.server_urls = list(self.config.server_urls)
+        self.server_url = self.server_urls[0]
         self._autostarted: AutostartedServer | None = None
-        if self.config.autostart:
+        if self.config.autostart:  # mp_config allows it with exactly one server
             self._autostarted = ensure_local_server(
                 self.server_url,
                 self.config.autostart_server_args,
@@ -108,17 +113,42 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self.model_name = _model_name(vllm_config)
         self.world_size = _tp_size(vllm_config)
         self.block_size = int(vllm_config.cache_config.block_size)
-        self.link = ServerLink(
-            self.server_url, self.config.mq_timeout, self.config.start_server_hint, self.block_size
-        )
+        # One link, heartbeat and side per server (see multi_server): each server's
+        # outages and restarts are handled on their own.
+        self.links = [
+            ServerLink(url, self.config.mq_timeout, self.config.start_server_hint, self.block_size)
+            for url in self.server_urls
+        ]
+        self.link = self.links[0]
         self.health = self.link.health
-        connected = self.link.open(warn=False)
-        self._scheduler = SchedulerSide(self.link, self.config, self.model_name, self.world_size)
-        self._worker = WorkerSide(
-            self.link, self.config, self.model_name, self.world_size, self.block_size
+        connected = [link.open(warn=False) for link in self.links]
+        try:
+            check_same_chunk_size(self.links)
+        except ValueError:
+            for link in self.links:
+                link.close()
+            raise
+        self._scheduler = SchedulerRouter(
+            [
+                SchedulerSide(link, self.config, self.model_name, self.world_size)
+                for link in self.links
+            ],
+            self.server_urls,
+            self.block_size,
         )
-        self._heartbeat = HeartbeatThread(self.link, self.config.heartbeat_interval)
-        self._heartbeat.start()
+        self._worker = WorkerRouter(
+            [
+                WorkerSide(link, self.config, self.model_name, self.world_size, self.block_size)
+                for link in self.links
+            ],
+            self.server_urls,
+            self.block_size,
+        )
+        self._heartbeats = [
+            HeartbeatThread(link, self.config.heartbeat_interval) for link in self.links
+        ]
+        for heartbeat in self._heartbeats:
+            heartbeat.start()
         policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
         if role == KVConnectorRole.SCHEDULER and policy != "recompute":
             # vLLM's default fails a request whose load failed; for a cache that is wrong.
@@ -129,13 +159,17 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 "recomputes it instead",
                 policy,
             )
+        for link, up in zip(self.links, connected):
+            self._log_connection(role, link, up)
+
+    def _log_connection(self, role: KVConnectorRole, link: ServerLink, connected: bool) -> None:
         if connected:
             logger.info(
                 "LMCacheMPConnector (%s) connected to %s: chunk size %s, block size %d, "
                 "world size %d",
                 role.name.lower(),
-                self.server_url,
-                self.link.chunk_size,
+                link.url,
+                link.chunk_size,
                 self.block_size,
                 self.world_size,
             )
@@ -144,14 +178,15 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 "LMCacheMPConnector (%s): the cache stays off until the server at %s answers "
                 "(checked every %.1fs). Start it with:\n    %s",
                 role.name.lower(),
-                self.server_url,
+                link.url,
                 self.config.heartbeat_interval,
                 self.config.start_server_hint,
             )
 
     @property
     def chunk_size(self) -> int | None:
-        return self.link.chunk_size
+        """The servers' chunk size; None until one of them answered."""
+        return next((link.chunk_size for link in self.links if link.chunk_size), None)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -179,13 +214,13 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._scheduler.finish(request.request_id)
+        self._scheduler.finish(request)
         return False, None
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._scheduler.finish(request.request_id)
+        self._scheduler.finish(request)
         return False, None
 
     # -- worker side --------------------------------------------------------------------------
@@ -235,18 +270,27 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self._worker.take_load_errors()
 
     def shutdown(self) -> None:
-        self._heartbeat.stop()
+        for heartbeat in self._heartbeats:
+            heartbeat.stop()
         self._worker.close()
-        self.link.close()
+        for link in self.links:
+            link.close()
         if self._autostarted is not None:
             self._autostarted.stop()
 
     # -- metrics (see connector_stats) --------------------------------------------------------
 
     def get_kv_connector_stats(self) -> LMCacheMPConnectorStats | None:
-        """What this side recorded since vLLM last asked; None when nothing."""
-        side = self._scheduler if self._role == KVConnectorRole.SCHEDULER else self._worker
-        return side.stats.take()
+        """What this side recorded since vLLM last asked, over every server; None when
+        nothing."""
+        router = self._scheduler if self._role == KVConnectorRole.SCHEDULER else self._worker
+        taken = [stats for stats in (side.stats.take() for side in router.sides) if stats]
+        if not taken:
+            return None
+        total = taken[0]
+        for more in taken[1:]:
+            total.aggregate(more)
+        return total
 
     @classmethod
     def build_kv_connector_stats(

@@ -37,7 +37,8 @@ T = TypeVar("T")
 class ServerHealth:
     """Shared up/down flag; the switch to down is logged once per outage."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str = "") -> None:
+        self.url = url  # named in the messages: with several servers, which one
         self._down = threading.Event()
         self._lock = threading.Lock()
         self._warned = False
@@ -56,7 +57,9 @@ class ServerHealth:
                 self._warned = True
         if warn:
             self.warn_once(
-                "LMCache server unreachable (%s); vLLM continues without the cache", reason
+                "LMCache server %s unreachable (%s); vLLM continues without it",
+                self.url,
+                reason,
             )
 
     def mark_up(self) -> None:
@@ -65,7 +68,7 @@ class ServerHealth:
             self._down.clear()
             self._warned = False
         if was_down:
-            logger.info("LMCache server reachable; cache enabled")
+            logger.info("LMCache server %s reachable; cache enabled", self.url)
 
     def warn_once(self, message: str, *args: Any) -> None:
         """A warning for the first problem of an outage, DEBUG for the rest of it."""
@@ -113,7 +116,7 @@ class ServerLink:
 
     def __init__(self, url: str, mq_timeout: float, start_hint: str, block_size: int) -> None:
         self.url = url
-        self.health = ServerHealth()
+        self.health = ServerHealth(url)
         self.mq_timeout = mq_timeout
         self.start_hint = start_hint
         self.block_size = block_size

@@ -117,7 +117,11 @@ def _parse_server_urls(key: str, value: Any) -> list[str] | None:
         raise ValueError(f"{key} must be a list or a comma-separated string, got {value!r}")
     if not items:
         raise ValueError(f"{key} is empty")
-    return [ensure_transport_scheme(url) for url in items]
+    urls = [ensure_transport_scheme(url) for url in items]
+    repeated = sorted({url for url in urls if urls.count(url) > 1})
+    if repeated:
+        raise ValueError(f"{key} names a server more than once: {repeated}")
+    return urls
 
 
 @dataclasses.dataclass(frozen=True)
