@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
@@ -73,6 +74,8 @@ class SchedulerSide:
         self._trackers: dict[str, LMCacheMPRequestTracker] = {}
         self._requests: dict[str, Request] = {}
         self._lookups: dict[str, _Lookup] = {}
+        # Requests parked by vLLM for an async load whose load is not yet planned.
+        self._async_to_plan: set[str] = set()
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -164,6 +167,8 @@ class SchedulerSide:
         ):
             tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
             return 0, False
+        if tracker.load_emitted and not self._replan_load(request, tracker):
+            return 0, False
         if tracker.hit_tokens is None:
             hit = self._poll_lookup(request, tracker)
             if hit is None:
@@ -175,18 +180,53 @@ class SchedulerSide:
             tracker.state = LMCacheMPRequestState.READY
             return 0, False
         tracker.state = LMCacheMPRequestState.WAITING_FOR_LOAD
-        return usable - num_computed_tokens, False
+        # Async: vLLM parks the request (WAITING_FOR_REMOTE_KVS) until a worker reports the
+        # load in get_finished, and keeps stepping the others meanwhile.
+        tracker.load_async = self.config.async_load
+        return usable - num_computed_tokens, tracker.load_async
 
-    def update_state_after_alloc(self, request: Request, num_external_tokens: int) -> None:
+    def _replan_load(self, request: Request, tracker: LMCacheMPRequestTracker) -> bool:
+        """vLLM asks again for a request whose load already went out (it asks only when the
+        request holds no computed tokens).  Preempted: its blocks are gone, so the hit is
+        loaded again into the new ones.  Otherwise vLLM reset it after a failed load: it is
+        recomputed without LMCache rather than retried (a retry could fail forever)."""
+        tracker.load_emitted = False
+        tracker.num_external = 0
+        if getattr(getattr(request, "status", None), "name", "") == "PREEMPTED":
+            return True
+        logger.warning("LMCache load of %s failed; vLLM recomputes the prompt", request.request_id)
+        tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
+        return False
+
+    def update_state_after_alloc(
+        self,
+        request: Request,
+        num_external_tokens: int,
+        block_ids: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """Record vLLM's allocation.
+
+        For an async load this is the only place its blocks are known: the parked request
+        is not in the step's scheduled requests, so its load is planned from ``block_ids``
+        (all of the request's blocks, per KV group) in the next ``build_connector_meta``.
+        vLLM calls this again, with no external tokens, once the loaded request runs.
+        """
         tracker = self._tracker(request)
+        if tracker.load_emitted:
+            return  # the second call of an async load: its load is planned already
         tracker.num_external = int(num_external_tokens)
         if num_external_tokens <= 0:
             tracker.state = LMCacheMPRequestState.READY
+            tracker.load_async = False
+        elif tracker.load_async:
+            tracker.block_ids = [list(group) for group in (block_ids or ())]
+            self._async_to_plan.add(request.request_id)
 
     # -- per-step metadata --------------------------------------------------------------------
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> LMCacheMPConnectorMetadata:
         meta = LMCacheMPConnectorMetadata()
+        self._emit_async_loads(meta)
         num_scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             tracker = self._trackers.get(new.req_id)
@@ -207,6 +247,8 @@ class SchedulerSide:
             new_blocks = cached.new_block_ids[index]
             if req_id in cached.resumed_req_ids:
                 tracker.block_ids = [list(g) for g in (new_blocks or ())]
+                # A preempted request resumed with a (synchronous) hit loads it again.
+                self._emit_load(meta, tracker, request)
             elif new_blocks is not None:
                 for group, extra in zip(tracker.block_ids, new_blocks):
                     group.extend(extra)
@@ -219,6 +261,15 @@ class SchedulerSide:
             )
         return meta
 
+    def _emit_async_loads(self, meta: LMCacheMPConnectorMetadata) -> None:
+        """The loads of requests vLLM parked for an async load since the last step."""
+        for request_id in sorted(self._async_to_plan):
+            tracker = self._trackers.get(request_id)
+            request = self._requests.get(request_id)
+            if tracker is not None and request is not None:
+                self._emit_load(meta, tracker, request)
+        self._async_to_plan.clear()
+
     def _emit_load(
         self, meta: LMCacheMPConnectorMetadata, tracker: LMCacheMPRequestTracker, request: Request
     ) -> None:
@@ -229,7 +280,11 @@ class SchedulerSide:
         tracker.state = LMCacheMPRequestState.READY
         # What we load is on the server already: storing starts after it.
         tracker.stored_end = max(tracker.stored_end, op.end)
-        meta.loads.append(LMCacheMPRequestMetadata(tracker.request_id, op, tracker.cache_salt))
+        meta.loads.append(
+            LMCacheMPRequestMetadata(
+                tracker.request_id, op, tracker.cache_salt, async_load=tracker.load_async
+            )
+        )
 
     def _emit_store(
         self,
@@ -273,6 +328,7 @@ class SchedulerSide:
 
     def finish(self, request_id: str) -> None:
         tracker = self._trackers.pop(request_id, None)
+        self._async_to_plan.discard(request_id)
         self._requests.pop(request_id, None)
         sent = self._lookups.pop(request_id, None)
         if tracker is None or not tracker.lookup_submitted or not self.link.ready:
