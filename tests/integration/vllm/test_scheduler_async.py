@@ -10,6 +10,7 @@ Requires vLLM (the metadata class subclasses vLLM's); the ``vllm-e2e`` nox sessi
 from __future__ import annotations
 
 import enum
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,6 +54,17 @@ class HitLink:
                 return None
             return self.hit_chunks
         return None
+
+
+def _matched(side: SchedulerSide, request: Any, computed: int) -> tuple[int | None, bool]:
+    """vLLM's polling: ask every step until the lookup thread has the answer."""
+    deadline = time.monotonic() + 10
+    while True:
+        answer = side.get_num_new_matched_tokens(request, computed)
+        if answer[0] is not None:
+            return answer
+        assert time.monotonic() < deadline, "the lookup never finished"
+        time.sleep(0.005)
 
 
 def _side(link: HitLink, **extra: Any) -> SchedulerSide:
@@ -101,9 +113,7 @@ def test_hit_is_loaded_asynchronously_from_the_blocks_of_the_allocation() -> Non
     side = _side(link)
     request = _request("a")
     # Pending lookups: vLLM skips the request and asks again next step.
-    assert side.get_num_new_matched_tokens(request, 0) == (None, False)
-    assert side.get_num_new_matched_tokens(request, 0) == (None, False)
-    assert side.get_num_new_matched_tokens(request, 0) == (96, True)
+    assert _matched(side, request, 0) == (96, True)
     side.update_state_after_alloc(request, 96, [BLOCKS])
     # The parked request is not scheduled this step; its load is planned anyway.
     meta = side.build_connector_meta(_output())
@@ -128,7 +138,7 @@ def test_hit_is_loaded_asynchronously_from_the_blocks_of_the_allocation() -> Non
 def test_local_prefix_hit_is_skipped_by_the_async_load() -> None:
     side = _side(HitLink(hit_chunks=3))
     request = _request("b")
-    assert side.get_num_new_matched_tokens(request, 32) == (64, True)
+    assert _matched(side, request, 32) == (64, True)
     side.update_state_after_alloc(request, 64, [BLOCKS])
     (load,) = side.build_connector_meta(_output()).loads
     assert (load.op.end, load.op.skip_first_n_tokens) == (96, 32)
@@ -136,15 +146,15 @@ def test_local_prefix_hit_is_skipped_by_the_async_load() -> None:
 
 def test_miss_and_local_hit_are_not_async() -> None:
     side = _side(HitLink(hit_chunks=0))
-    assert side.get_num_new_matched_tokens(_request("c"), 0) == (0, False)
+    assert _matched(side, _request("c"), 0) == (0, False)
     side = _side(HitLink(hit_chunks=2))
-    assert side.get_num_new_matched_tokens(_request("d"), 64) == (0, False)
+    assert _matched(side, _request("d"), 64) == (0, False)
 
 
 def test_async_load_off_plans_a_synchronous_load_with_the_step() -> None:
     side = _side(HitLink(hit_chunks=3), **{"lmcache.mp.async_load": "false"})
     request = _request("e")
-    assert side.get_num_new_matched_tokens(request, 0) == (96, False)
+    assert _matched(side, request, 0) == (96, False)
     side.update_state_after_alloc(request, 96, None)
     meta = side.build_connector_meta(_output([("e", BLOCKS, 0, 4)]))
     (load,) = meta.loads
@@ -155,11 +165,11 @@ def test_async_load_off_plans_a_synchronous_load_with_the_step() -> None:
 def test_preempted_request_loads_its_hit_again_into_its_new_blocks() -> None:
     side = _side(HitLink(hit_chunks=3), **{"lmcache.mp.async_load": "false"})
     request = _request("f")
-    side.get_num_new_matched_tokens(request, 0)
+    assert _matched(side, request, 0) == (96, False)
     side.update_state_after_alloc(request, 96, None)
     assert len(side.build_connector_meta(_output([("f", BLOCKS, 0, 4)])).loads) == 1
     request.status = Status.PREEMPTED  # vLLM preempted it: its blocks are gone
-    assert side.get_num_new_matched_tokens(request, 0) == (96, False)
+    assert _matched(side, request, 0) == (96, False)
     side.update_state_after_alloc(request, 96, None)
     meta = side.build_connector_meta(_output(resumed=("f", [20, 21, 22, 23], 0, 4)))
     (load,) = meta.loads
@@ -169,13 +179,13 @@ def test_preempted_request_loads_its_hit_again_into_its_new_blocks() -> None:
 def test_request_reset_after_a_failed_async_load_is_recomputed_without_lmcache() -> None:
     side = _side(HitLink(hit_chunks=3))
     request = _request("g")
-    assert side.get_num_new_matched_tokens(request, 0) == (96, True)
+    assert _matched(side, request, 0) == (96, True)
     side.update_state_after_alloc(request, 96, [BLOCKS])
     assert len(side.build_connector_meta(_output()).loads) == 1
     # The worker reported the blocks invalid; vLLM freed them and asks again.
-    assert side.get_num_new_matched_tokens(request, 0) == (0, False)
+    assert _matched(side, request, 0) == (0, False)
     assert side._trackers["g"].state is LMCacheMPRequestState.BYPASS_LMCACHE
-    assert side.get_num_new_matched_tokens(request, 0) == (0, False)
+    assert _matched(side, request, 0) == (0, False)
     side.update_state_after_alloc(request, 0, None)
     meta = side.build_connector_meta(_output([("g", BLOCKS, 0, 100)]))
     assert meta.loads == []

@@ -230,6 +230,7 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         self._heartbeat.stop()
+        self._scheduler.close()
         self._worker.close()
         self.link.close()
 

@@ -1,9 +1,11 @@
 """The scheduler side of ``LMCacheMPConnector``: lookups, and each step's loads and stores.
 
-For every request it asks the server (one non-blocking lookup) how long a stored prefix
-it has, tells vLLM how many tokens it may skip, and after each step writes into the
-connector metadata which token ranges the workers load before the forward and store
-after it.  The pure bookkeeping lives in :mod:`.scheduler_state`.
+For every request it asks the server (one lookup; with ``nonblocking_lookup_status`` sent
+and polled by :mod:`.lookup_thread`, so the scheduler thread never waits on the network)
+how long a stored prefix it has, tells vLLM how many tokens it may skip (to be loaded
+asynchronously, by default), and after each step writes into the connector metadata which
+token ranges the workers load and store.  The pure bookkeeping lives in
+:mod:`.scheduler_state`.
 
 A lookup sent to a server incarnation that has since died is never answered by its
 successor (the session is gone): a request whose lookup belongs to an older
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from lmcache.integration.vllm.lookup_thread import LOOKUP_FAILED, LookupThread
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
 from lmcache.integration.vllm.scheduler_state import (
@@ -76,6 +79,7 @@ class SchedulerSide:
         self._lookups: dict[str, _Lookup] = {}
         # Requests parked by vLLM for an async load whose load is not yet planned.
         self._async_to_plan: set[str] = set()
+        self._lookup_thread = LookupThread(link, world_size, LOOKUP_TIMEOUT_S)
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -114,6 +118,8 @@ class SchedulerSide:
     def _poll_lookup(self, request: Request, tracker: LMCacheMPRequestTracker) -> int | None:
         """The server's hit count, None while pending; a failure counts as a miss."""
         request_id = request.request_id
+        if self.config.nonblocking_lookup_status:
+            return self._poll_lookup_in_background(request, tracker)
         try:
             if not tracker.lookup_submitted:
                 key = self._lookup_key(request, tracker)
@@ -124,29 +130,40 @@ class SchedulerSide:
                 )
                 tracker.lookup_submitted = True
                 self._lookups[request_id] = _Lookup(generation, time.monotonic())
-            if self.config.nonblocking_lookup_status:
-                hit: int | None = self.link.run(
-                    "query_prefetch_status",
-                    lambda c: c.call("query_prefetch_status", request_id, timeout=LOOKUP_TIMEOUT_S),
-                )
-            else:
-                hit = self.link.run(
+            # nonblocking_lookup_status=false: wait here, as upstream does in that mode.
+            hit: int | None = self.link.run(
+                "wait_prefetch_status",
+                lambda c: c.call(
                     "wait_prefetch_status",
-                    lambda c: c.call(
-                        "wait_prefetch_status",
-                        request_id,
-                        LOOKUP_TIMEOUT_S,
-                        timeout=2 * LOOKUP_TIMEOUT_S,
-                    ),
-                )
+                    request_id,
+                    LOOKUP_TIMEOUT_S,
+                    timeout=2 * LOOKUP_TIMEOUT_S,
+                ),
+            )
         except (MPClientError, ValueError) as exc:
             logger.debug("lookup for %s failed (%s); treating as a miss", request_id, exc)
             tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
             return 0
-        if hit is None and (
-            self._lookup_lost(request_id) or not self.config.nonblocking_lookup_status
-        ):
-            logger.debug("the lookup for %s was lost (server restart?): a miss", request_id)
+        if hit is None:
+            logger.debug("the lookup for %s was not answered in time: a miss", request_id)
+            tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
+            return 0
+        return hit
+
+    def _poll_lookup_in_background(
+        self, request: Request, tracker: LMCacheMPRequestTracker
+    ) -> int | None:
+        """``_poll_lookup`` without touching the network: the lookup thread does that."""
+        request_id = request.request_id
+        if not tracker.lookup_submitted:
+            self._lookup_thread.submit(request_id, self._lookup_key(request, tracker))
+            tracker.lookup_submitted = True
+            self._lookups[request_id] = _Lookup(self.link.generation, time.monotonic())
+        hit = self._lookup_thread.result(request_id)
+        if hit is None and not self._lookup_lost(request_id):
+            return None
+        if hit is None or hit == LOOKUP_FAILED:
+            logger.debug("the lookup for %s failed or was lost: a miss", request_id)
             tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
             return 0
         return hit
@@ -331,9 +348,17 @@ class SchedulerSide:
         self._async_to_plan.discard(request_id)
         self._requests.pop(request_id, None)
         sent = self._lookups.pop(request_id, None)
-        if tracker is None or not tracker.lookup_submitted or not self.link.ready:
+        if tracker is None or not tracker.lookup_submitted:
             return
-        if sent is not None and sent.generation != self.link.generation:
+        lost = sent is not None and sent.generation != self.link.generation
+        if self.config.nonblocking_lookup_status:
+            # Queued behind the lookup itself, so the session exists when it is ended.
+            if lost or not self.link.ready:
+                self._lookup_thread.forget(request_id)
+            else:
+                self._lookup_thread.end_session(request_id)
+            return
+        if lost or not self.link.ready:
             return  # that server is gone, and its session with it
         try:
             self.link.run(
@@ -342,3 +367,6 @@ class SchedulerSide:
             )
         except MPClientError as exc:
             logger.debug("end_session(%s) failed: %s", request_id, exc)
+
+    def close(self) -> None:
+        self._lookup_thread.close()
