@@ -20,7 +20,7 @@ from typing import Any
 
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
-from lmcache.v1.multiprocess.worker.client import MPClientError
+from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
 
 logger = logging.getLogger(__name__)
 
@@ -125,12 +125,7 @@ class LookupThread:
         still: list[str] = []
         for request_id in self._polling:
             try:
-                hit = self._link.run(
-                    "query_prefetch_status",
-                    lambda c, rid=request_id: c.call(
-                        "query_prefetch_status", rid, timeout=self._timeout
-                    ),
-                )
+                hit = self._query_status(request_id)
             except (MPClientError, ValueError) as exc:
                 logger.debug("lookup status of %s failed (%s): a miss", request_id, exc)
                 self._set(request_id, LOOKUP_FAILED)
@@ -140,6 +135,15 @@ class LookupThread:
             else:
                 self._set(request_id, int(hit))
         self._polling = still
+
+    def _query_status(self, request_id: str) -> int | None:
+        def query(client: MPClient) -> int | None:
+            answer: int | None = client.call(
+                "query_prefetch_status", request_id, timeout=self._timeout
+            )
+            return answer
+
+        return self._link.run("query_prefetch_status", query)
 
     def _set(self, request_id: str, value: int) -> None:
         with self._lock:
