@@ -7,6 +7,9 @@ subclasses vLLM's); the ``vllm-e2e`` nox session runs it.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,10 +37,19 @@ class SilentLink:
         self.ready = True
         self.chunk_size = CHUNK
         self.calls: list[str] = []
+        self.threads: set[str] = set()
 
     def run(self, what: str, call: Any) -> Any:
         self.calls.append(what)
+        self.threads.add(threading.current_thread().name)
         return None
+
+
+def _wait(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
 
 
 def _side(link: SilentLink) -> SchedulerSide:
@@ -53,8 +65,28 @@ def test_pending_lookup_stays_pending_while_the_server_is_the_same() -> None:
     side = _side(link)
     request = _request("a")
     assert side.get_num_new_matched_tokens(request, 0) == (None, False)
+    _wait(lambda: link.calls.count("query_prefetch_status") >= 3)
     assert side.get_num_new_matched_tokens(request, 0) == (None, False)
     assert link.calls.count("lookup") == 1  # sent once, then only polled
+    # Every call went over the lookup thread, never the scheduler's.
+    assert link.threads == {"lmcache-lookup"}
+    side.finish("a")
+    side.close()
+    assert link.calls[-1] == "end_session"
+
+
+def test_blocking_lookup_status_waits_on_the_scheduler_thread() -> None:
+    link = SilentLink()
+    side = SchedulerSide(
+        link,  # type: ignore[arg-type]
+        parse_extra_config({"lmcache.mp.nonblocking_lookup_status": "false"}),
+        "m",
+        1,
+    )
+    # The server's wait_prefetch_status gave up (None): a miss, never a pending answer.
+    assert side.get_num_new_matched_tokens(_request("w"), 0) == (0, False)
+    assert link.calls == ["lookup", "wait_prefetch_status"]
+    assert link.threads == {threading.current_thread().name}
 
 
 def test_lookup_sent_to_an_earlier_server_incarnation_is_a_miss() -> None:
@@ -67,6 +99,7 @@ def test_lookup_sent_to_an_earlier_server_incarnation_is_a_miss() -> None:
     # A miss, not an opt-out: the request's prefix is still stored on the new server.
     assert side._trackers["b"].state is LMCacheMPRequestState.READY
     side.finish("b")
+    side.close()  # runs what was queued
     assert "end_session" not in link.calls  # the session died with the old server
 
 

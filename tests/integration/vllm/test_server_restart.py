@@ -177,7 +177,7 @@ class Engine:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             hit, is_async = self.scheduler.get_num_new_matched_tokens(request, 0)
-            assert is_async is False
+            assert is_async is bool(hit)  # a hit is loaded asynchronously (the default)
             if hit is not None:
                 self.scheduler.request_finished(request, [])
                 return int(hit)
@@ -200,6 +200,22 @@ class Engine:
         """Load the stored prefix into ``blocks``; the blocks vLLM must recompute."""
         op = LoadStoreOp(tuple(prompt[:STORED]), (blocks,), 0, STORED)
         return self._step(LMCacheMPConnectorMetadata(loads=[LMCacheMPRequestMetadata("l", op)]))
+
+    def load_async(self, blocks: tuple[int, ...] = (4, 5, 6, 7)) -> set[int]:
+        """``load`` as vLLM runs an async one: steps until ``get_finished`` reports it."""
+        op = LoadStoreOp(tuple(PROMPT[:STORED]), (blocks,), 0, STORED)
+        item = LMCacheMPRequestMetadata("la", op, async_load=True)
+        errors = self._step(LMCacheMPConnectorMetadata(loads=[item]))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _, received = self.worker.get_finished(set())
+            # Failed blocks come no later than the step that reports the request.
+            errors |= self._step(LMCacheMPConnectorMetadata())
+            if received:
+                assert received == {"la"}
+                return errors
+            time.sleep(0.01)
+        raise AssertionError("the async load was never reported by get_finished")
 
     def blocks_equal(self, a: tuple[int, ...], b: tuple[int, ...]) -> bool:
         return all(torch.equal(t[list(a)], t[list(b)]) for t in self.kv.values())
@@ -227,6 +243,10 @@ def _round_trip(engine: Engine, server: RestartableServer) -> None:
         t[[4, 5, 6, 7]] = 0
     assert engine.load() == set()
     assert engine.blocks_equal((0, 1, 2, 3), (4, 5, 6, 7))
+    for t in engine.kv.values():
+        t[[8, 9, 10, 11]] = 0
+    assert engine.load_async((8, 9, 10, 11)) == set()
+    assert engine.blocks_equal((0, 1, 2, 3), (8, 9, 10, 11))
 
 
 def test_kill9_and_restart_on_the_same_port(
@@ -247,6 +267,7 @@ def test_kill9_and_restart_on_the_same_port(
             engine.store()
             assert engine.load() == {4, 5, 6, 7}
             assert engine.load() == {4, 5, 6, 7}
+            assert engine.load_async() == {4, 5, 6, 7}
 
             server.start()
             _wait(lambda: _worker_registered(server), "the worker to register again")

@@ -206,7 +206,8 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        self._scheduler.update_state_after_alloc(request, num_external_tokens)
+        block_ids = blocks.get_block_ids() if num_external_tokens > 0 else None
+        self._scheduler.update_state_after_alloc(request, num_external_tokens, block_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._scheduler.build_connector_meta(scheduler_output)
@@ -264,7 +265,9 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._worker.store(meta.stores)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, None
+        # Stores finish in wait_for_save; only async loads end here (failed ones too, with
+        # their blocks in get_block_ids_with_load_errors of the same step).
+        return None, self._worker.finished_loads() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors()
@@ -272,6 +275,7 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def shutdown(self) -> None:
         for heartbeat in self._heartbeats:
             heartbeat.stop()
+        self._scheduler.close()
         self._worker.close()
         for link in self.links:
             link.close()

@@ -36,6 +36,8 @@ DEFAULTS: dict[str, Any] = {
     "eager_prefetch": False,
     "save_decode_cache": False,
     "lazy_offload": False,
+    # Ours (upstream always loads asynchronously): false loads inside start_load_kv.
+    "async_load": True,
     "transfer_intermediate_tensors": False,
     "autostart": False,
     "autostart.server_args": (),
@@ -49,7 +51,11 @@ MAX_OFFLOAD_TOKENS_KEY = "lmcache.max_offload_tokens"
 # non-default value is reported instead of being silently ignored.
 UNSUPPORTED = {
     "use_vmm_api": "CUDA VMM allocations are not supported by lmcache-core",
-    "lazy_offload": "lazy offload is not implemented; KV is stored eagerly after each step",
+    "lazy_offload": (
+        "lazy offload (stores buffered and submitted only when a policy drains them, e.g. "
+        "before vLLM evicts the blocks) is not implemented yet; KV is stored eagerly "
+        "after each step"
+    ),
     "transfer_intermediate_tensors": "intermediate tensors are not transferred",
 }
 
@@ -137,6 +143,7 @@ class MPConnectorConfig:
     hash_algorithm: str
     eager_prefetch: bool
     save_decode_cache: bool
+    async_load: bool
     max_offload_tokens: int | None
     port: int
     # lmcache.mp.autostart: start a local server when none answers (see .autostart).
@@ -220,6 +227,7 @@ def parse_extra_config(
         hash_algorithm=str(get("hash_algorithm")),
         eager_prefetch=bool(get("eager_prefetch")),
         save_decode_cache=bool(get("save_decode_cache")),
+        async_load=bool(get("async_load")),
         max_offload_tokens=max_offload,
         port=int(port),
         autostart=bool(get("autostart")),

@@ -126,8 +126,13 @@ class SchedulerRouter:
     ) -> tuple[int | None, bool]:
         return self.side_for(request).get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Request, num_external_tokens: int) -> None:
-        self.side_for(request).update_state_after_alloc(request, num_external_tokens)
+    def update_state_after_alloc(
+        self,
+        request: Request,
+        num_external_tokens: int,
+        block_ids: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        self.side_for(request).update_state_after_alloc(request, num_external_tokens, block_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> LMCacheMPConnectorMetadata:
         """Every side plans the requests it tracks (it skips the others); one metadata."""
@@ -140,6 +145,10 @@ class SchedulerRouter:
 
     def finish(self, request: Request) -> None:
         self.side_for(request).finish(request.request_id)
+
+    def close(self) -> None:
+        for side in self.sides:
+            side.close()
 
 
 class WorkerRouter:
@@ -183,6 +192,13 @@ class WorkerRouter:
     @property
     def kv_layout(self) -> EngineKVFormat | None:
         return self.sides[0].kv_layout
+
+    def finished_loads(self) -> set[str]:
+        """Requests whose async load ended on any server (a request loads from one)."""
+        finished: set[str] = set()
+        for side in self.sides:
+            finished |= side.finished_loads()
+        return finished
 
     def take_load_errors(self) -> set[int]:
         errors: set[int] = set()

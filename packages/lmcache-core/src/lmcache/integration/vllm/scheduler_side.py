@@ -1,9 +1,11 @@
 """The scheduler side of ``LMCacheMPConnector``: lookups, and each step's loads and stores.
 
-For every request it asks the server (one non-blocking lookup) how long a stored prefix
-it has, tells vLLM how many tokens it may skip, and after each step writes into the
-connector metadata which token ranges the workers load before the forward and store
-after it.  The pure bookkeeping lives in :mod:`.scheduler_state`.
+For every request it asks the server (one lookup; with ``nonblocking_lookup_status`` sent
+and polled by :mod:`.lookup_thread`, so the scheduler thread never waits on the network)
+how long a stored prefix it has, tells vLLM how many tokens it may skip (to be loaded
+asynchronously, by default), and after each step writes into the connector metadata which
+token ranges the workers load and store.  The pure bookkeeping lives in
+:mod:`.scheduler_state`.
 
 A lookup sent to a server incarnation that has since died is never answered by its
 successor (the session is gone): a request whose lookup belongs to an older
@@ -15,11 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from lmcache.integration.vllm.connector_stats import StatsRecorder
+from lmcache.integration.vllm.lookup_thread import LOOKUP_FAILED, LookupThread
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
 from lmcache.integration.vllm.scheduler_state import (
@@ -75,6 +79,9 @@ class SchedulerSide:
         self._requests: dict[str, Request] = {}
         self._lookups: dict[str, _Lookup] = {}
         self.stats = StatsRecorder()
+        # Requests parked by vLLM for an async load whose load is not yet planned.
+        self._async_to_plan: set[str] = set()
+        self._lookup_thread = LookupThread(link, world_size, LOOKUP_TIMEOUT_S)
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -113,6 +120,8 @@ class SchedulerSide:
     def _poll_lookup(self, request: Request, tracker: LMCacheMPRequestTracker) -> int | None:
         """The server's hit count, None while pending; a failure counts as a miss."""
         request_id = request.request_id
+        if self.config.nonblocking_lookup_status:
+            return self._poll_lookup_in_background(request, tracker)
         try:
             if not tracker.lookup_submitted:
                 key = self._lookup_key(request, tracker)
@@ -123,29 +132,40 @@ class SchedulerSide:
                 )
                 tracker.lookup_submitted = True
                 self._lookups[request_id] = _Lookup(generation, time.monotonic())
-            if self.config.nonblocking_lookup_status:
-                hit: int | None = self.link.run(
-                    "query_prefetch_status",
-                    lambda c: c.call("query_prefetch_status", request_id, timeout=LOOKUP_TIMEOUT_S),
-                )
-            else:
-                hit = self.link.run(
+            # nonblocking_lookup_status=false: wait here, as upstream does in that mode.
+            hit: int | None = self.link.run(
+                "wait_prefetch_status",
+                lambda c: c.call(
                     "wait_prefetch_status",
-                    lambda c: c.call(
-                        "wait_prefetch_status",
-                        request_id,
-                        LOOKUP_TIMEOUT_S,
-                        timeout=2 * LOOKUP_TIMEOUT_S,
-                    ),
-                )
+                    request_id,
+                    LOOKUP_TIMEOUT_S,
+                    timeout=2 * LOOKUP_TIMEOUT_S,
+                ),
+            )
         except (MPClientError, ValueError) as exc:
             logger.debug("lookup for %s failed (%s); treating as a miss", request_id, exc)
             tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
             return 0
-        if hit is None and (
-            self._lookup_lost(request_id) or not self.config.nonblocking_lookup_status
-        ):
-            logger.debug("the lookup for %s was lost (server restart?): a miss", request_id)
+        if hit is None:
+            logger.debug("the lookup for %s was not answered in time: a miss", request_id)
+            tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
+            return 0
+        return hit
+
+    def _poll_lookup_in_background(
+        self, request: Request, tracker: LMCacheMPRequestTracker
+    ) -> int | None:
+        """``_poll_lookup`` without touching the network: the lookup thread does that."""
+        request_id = request.request_id
+        if not tracker.lookup_submitted:
+            self._lookup_thread.submit(request_id, self._lookup_key(request, tracker))
+            tracker.lookup_submitted = True
+            self._lookups[request_id] = _Lookup(self.link.generation, time.monotonic())
+        hit = self._lookup_thread.result(request_id)
+        if hit is None and not self._lookup_lost(request_id):
+            return None
+        if hit is None or hit == LOOKUP_FAILED:
+            logger.debug("the lookup for %s failed or was lost: a miss", request_id)
             tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
             return 0
         return hit
@@ -166,6 +186,8 @@ class SchedulerSide:
         ):
             tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
             return 0, False
+        if tracker.load_emitted and not self._replan_load(request, tracker):
+            return 0, False
         if tracker.hit_tokens is None:
             hit = self._poll_lookup(request, tracker)
             if hit is None:
@@ -178,7 +200,10 @@ class SchedulerSide:
             tracker.state = LMCacheMPRequestState.READY
             return 0, False
         tracker.state = LMCacheMPRequestState.WAITING_FOR_LOAD
-        return usable - num_computed_tokens, False
+        # Async: vLLM parks the request (WAITING_FOR_REMOTE_KVS) until a worker reports the
+        # load in get_finished, and keeps stepping the others meanwhile.
+        tracker.load_async = self.config.async_load
+        return usable - num_computed_tokens, tracker.load_async
 
     def _count_lookup(self, tracker: LMCacheMPRequestTracker, chunk_size: int) -> None:
         """Metrics: once per request, when its lookup resolves."""
@@ -189,16 +214,48 @@ class SchedulerSide:
             hit_tokens=usable_hit_tokens(hit_tokens, tracker.prompt_len, chunk_size),
         )
 
-    def update_state_after_alloc(self, request: Request, num_external_tokens: int) -> None:
+    def _replan_load(self, request: Request, tracker: LMCacheMPRequestTracker) -> bool:
+        """vLLM asks again for a request whose load already went out (it asks only when the
+        request holds no computed tokens).  Preempted: its blocks are gone, so the hit is
+        loaded again into the new ones.  Otherwise vLLM reset it after a failed load: it is
+        recomputed without LMCache rather than retried (a retry could fail forever)."""
+        tracker.load_emitted = False
+        tracker.num_external = 0
+        if getattr(getattr(request, "status", None), "name", "") == "PREEMPTED":
+            return True
+        logger.warning("LMCache load of %s failed; vLLM recomputes the prompt", request.request_id)
+        tracker.state = LMCacheMPRequestState.BYPASS_LMCACHE
+        return False
+
+    def update_state_after_alloc(
+        self,
+        request: Request,
+        num_external_tokens: int,
+        block_ids: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """Record vLLM's allocation.
+
+        For an async load this is the only place its blocks are known: the parked request
+        is not in the step's scheduled requests, so its load is planned from ``block_ids``
+        (all of the request's blocks, per KV group) in the next ``build_connector_meta``.
+        vLLM calls this again, with no external tokens, once the loaded request runs.
+        """
         tracker = self._tracker(request)
+        if tracker.load_emitted:
+            return  # the second call of an async load: its load is planned already
         tracker.num_external = int(num_external_tokens)
         if num_external_tokens <= 0:
             tracker.state = LMCacheMPRequestState.READY
+            tracker.load_async = False
+        elif tracker.load_async:
+            tracker.block_ids = [list(group) for group in (block_ids or ())]
+            self._async_to_plan.add(request.request_id)
 
     # -- per-step metadata --------------------------------------------------------------------
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> LMCacheMPConnectorMetadata:
         meta = LMCacheMPConnectorMetadata()
+        self._emit_async_loads(meta)
         num_scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             tracker = self._trackers.get(new.req_id)
@@ -219,6 +276,8 @@ class SchedulerSide:
             new_blocks = cached.new_block_ids[index]
             if req_id in cached.resumed_req_ids:
                 tracker.block_ids = [list(g) for g in (new_blocks or ())]
+                # A preempted request resumed with a (synchronous) hit loads it again.
+                self._emit_load(meta, tracker, request)
             elif new_blocks is not None:
                 for group, extra in zip(tracker.block_ids, new_blocks):
                     group.extend(extra)
@@ -231,6 +290,15 @@ class SchedulerSide:
             )
         return meta
 
+    def _emit_async_loads(self, meta: LMCacheMPConnectorMetadata) -> None:
+        """The loads of requests vLLM parked for an async load since the last step."""
+        for request_id in sorted(self._async_to_plan):
+            tracker = self._trackers.get(request_id)
+            request = self._requests.get(request_id)
+            if tracker is not None and request is not None:
+                self._emit_load(meta, tracker, request)
+        self._async_to_plan.clear()
+
     def _emit_load(
         self, meta: LMCacheMPConnectorMetadata, tracker: LMCacheMPRequestTracker, request: Request
     ) -> None:
@@ -241,7 +309,11 @@ class SchedulerSide:
         tracker.state = LMCacheMPRequestState.READY
         # What we load is on the server already: storing starts after it.
         tracker.stored_end = max(tracker.stored_end, op.end)
-        meta.loads.append(LMCacheMPRequestMetadata(tracker.request_id, op, tracker.cache_salt))
+        meta.loads.append(
+            LMCacheMPRequestMetadata(
+                tracker.request_id, op, tracker.cache_salt, async_load=tracker.load_async
+            )
+        )
 
     def _emit_store(
         self,
@@ -285,11 +357,20 @@ class SchedulerSide:
 
     def finish(self, request_id: str) -> None:
         tracker = self._trackers.pop(request_id, None)
+        self._async_to_plan.discard(request_id)
         self._requests.pop(request_id, None)
         sent = self._lookups.pop(request_id, None)
-        if tracker is None or not tracker.lookup_submitted or not self.link.ready:
+        if tracker is None or not tracker.lookup_submitted:
             return
-        if sent is not None and sent.generation != self.link.generation:
+        lost = sent is not None and sent.generation != self.link.generation
+        if self.config.nonblocking_lookup_status:
+            # Queued behind the lookup itself, so the session exists when it is ended.
+            if lost or not self.link.ready:
+                self._lookup_thread.forget(request_id)
+            else:
+                self._lookup_thread.end_session(request_id)
+            return
+        if lost or not self.link.ready:
             return  # that server is gone, and its session with it
         try:
             self.link.run(
@@ -298,3 +379,6 @@ class SchedulerSide:
             )
         except MPClientError as exc:
             logger.debug("end_session(%s) failed: %s", request_id, exc)
+
+    def close(self) -> None:
+        self._lookup_thread.close()

@@ -40,6 +40,8 @@ class LMCacheMPRequestMetadata:
     request_id: str
     op: LoadStoreOp
     cache_salt: str = ""
+    # A load the worker runs in the background and reports through ``get_finished``.
+    async_load: bool = False
 
 
 @dataclasses.dataclass
@@ -55,6 +57,7 @@ class LMCacheMPRequestTracker:
     local_computed: int = 0  # tokens vLLM had locally when it asked for a match
     num_external: int = 0  # tokens vLLM agreed to load from LMCache
     load_emitted: bool = False
+    load_async: bool = False  # vLLM was told the load is asynchronous
     block_ids: list[list[int]] = dataclasses.field(default_factory=list)
     stored_end: int = 0  # the server holds [0, stored_end) of this request
 

@@ -1,7 +1,9 @@
 """The worker side of ``LMCacheMPConnector``: registers the paged KV cache, moves blocks.
 
-Loads are synchronous (they finish before the forward that needs them); stores finish
-inside ``wait_for_save``, so vLLM may free a finished request's blocks at once.
+Loads marked ``async_load`` run on a background thread (:mod:`.async_loads`) and are
+reported through ``get_finished``; the others finish in ``start_load_kv``, before the
+forward that needs them.  Stores finish inside ``wait_for_save``, so vLLM may free a
+finished request's blocks at once.
 
 Registration follows the server: when the server is not there yet, the KV cache is
 registered once it appears; when it restarts (a new incarnation, or a server that no
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from lmcache.integration.vllm.async_loads import AsyncLoader
 from lmcache.integration.vllm.connector_stats import StatsRecorder
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
@@ -68,6 +71,7 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self.stats = StatsRecorder()
         self._bytes_per_token = 0  # this rank's KV bytes per token, for the metrics
+        self._async_loads = AsyncLoader(self._load_one)
         # Held by transfers and by (re-)registration, which may remap the server's pool.
         self._lock = threading.Lock()
 
@@ -180,24 +184,42 @@ class WorkerSide:
         )
 
     def load(self, loads: list[LMCacheMPRequestMetadata]) -> None:
-        """Load each range; a failed one joins the blocks vLLM must recompute."""
+        """Load each range (async ones in the background); a failed one joins the blocks
+        vLLM must recompute."""
         for item in loads:
-            op = item.op
-            started = time.perf_counter()
-            if self.link.ready and self._run_transfer("retrieve", item):
-                tokens = op.end - op.skip_first_n_tokens
-                self.stats.observe_load(time.perf_counter() - started)
-                self.stats.add(loaded_tokens=tokens, loaded_bytes=tokens * self._bytes_per_token)
-                continue
-            self.stats.add(failed_loads=1)
-            self._load_errors |= blocks_of_range(
-                op.block_ids[0], op.skip_first_n_tokens, op.end, self.block_size
-            )
-            self.link.health.warn_once(
-                "loading %d tokens of %s from LMCache failed; vLLM recomputes them",
-                op.end - op.skip_first_n_tokens,
-                item.request_id,
-            )
+            if item.async_load:
+                self._async_loads.submit(item)
+            elif not self._load_one(item):
+                self._note_load_failure(item)
+
+    def _load_one(self, item: LMCacheMPRequestMetadata) -> bool:
+        started = time.perf_counter()
+        if not (self.link.ready and self._run_transfer("retrieve", item)):
+            return False
+        tokens = item.op.end - item.op.skip_first_n_tokens
+        self.stats.observe_load(time.perf_counter() - started)
+        self.stats.add(loaded_tokens=tokens, loaded_bytes=tokens * self._bytes_per_token)
+        return True
+
+    def finished_loads(self) -> set[str]:
+        """Requests whose async load ended since the last call; failed ones' blocks are
+        in the next ``take_load_errors``."""
+        finished, failed = self._async_loads.poll()
+        for item in failed:
+            self._note_load_failure(item)
+        return finished
+
+    def _note_load_failure(self, item: LMCacheMPRequestMetadata) -> None:
+        self.stats.add(failed_loads=1)
+        op = item.op
+        self._load_errors |= blocks_of_range(
+            op.block_ids[0], op.skip_first_n_tokens, op.end, self.block_size
+        )
+        self.link.health.warn_once(
+            "loading %d tokens of %s from LMCache failed; vLLM recomputes them",
+            op.end - op.skip_first_n_tokens,
+            item.request_id,
+        )
 
     def store(self, stores: list[LMCacheMPRequestMetadata]) -> None:
         for item in stores:
@@ -248,6 +270,7 @@ class WorkerSide:
         return errors
 
     def close(self) -> None:
+        self._async_loads.close()
         with self._lock:
             transfer, self._transfer = self._transfer, None
         if transfer is not None:

