@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
@@ -191,12 +192,25 @@ class AnsweringLink:
         return self.hit_chunks if what == "query_prefetch_status" else None
 
 
+def _matched_when_resolved(side: SchedulerSide, request: Any) -> tuple[int | None, bool]:
+    """Ask as vLLM does, step after step, until the lookup thread has answered."""
+    deadline = time.monotonic() + 10.0
+    while (answer := side.get_num_new_matched_tokens(request, 0))[0] is None:
+        assert time.monotonic() < deadline, "the lookup never resolved"
+        time.sleep(0.01)
+    return answer
+
+
 def test_scheduler_counts_each_lookup_once() -> None:
-    side = SchedulerSide(AnsweringLink(2), parse_extra_config({}), "m", 1)  # type: ignore[arg-type]
+    config = parse_extra_config({"lmcache.mp.async_load": False})
+    side = SchedulerSide(AnsweringLink(2), config, "m", 1)  # type: ignore[arg-type]
     request = SimpleNamespace(request_id="a", prompt_token_ids=list(range(100)))
-    assert side.get_num_new_matched_tokens(request, 0) == (64, False)
-    # vLLM asks again when it could not allocate the blocks: not a second lookup.
-    assert side.get_num_new_matched_tokens(request, 0) == (64, False)
+    try:
+        assert _matched_when_resolved(side, request) == (64, False)
+        # vLLM asks again when it could not allocate the blocks: not a second lookup.
+        assert side.get_num_new_matched_tokens(request, 0) == (64, False)
+    finally:
+        side.close()
     taken = side.stats.take()
     assert taken is not None
     assert (taken.data["lookups"], taken.data["lookup_tokens"]) == (1, 100)
