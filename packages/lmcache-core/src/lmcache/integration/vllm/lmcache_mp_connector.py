@@ -22,6 +22,7 @@ resumes without restarting vLLM.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,8 +33,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from lmcache.integration.vllm.kv_events import KVEventFollower, LMCacheMPKVEvents, collect
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
-from lmcache.integration.vllm.mp_config import MPConnectorConfig, parse_extra_config
+from lmcache.integration.vllm.mp_config import (
+    MPConnectorConfig,
+    kv_events_enabled,
+    parse_extra_config,
+)
 from lmcache.integration.vllm.scheduler_side import (
     LOOKUP_TIMEOUT_S,
     LMCacheMPConnectorMetadata,
@@ -45,10 +51,12 @@ from lmcache.v1.platform.ops_types import EngineKVFormat
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -108,6 +116,11 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._worker = WorkerSide(
             self.link, self.config, self.model_name, self.world_size, self.block_size
         )
+        self._enable_kv_events = kv_events_enabled(vllm_config)
+        self._kv_events: list[KVCacheEvent] = []  # scheduler: gathered, awaiting take_events
+        self._kv_event_follower: KVEventFollower | None = None
+        if self._enable_kv_events and role == KVConnectorRole.WORKER:
+            self._kv_event_follower = KVEventFollower(self.link, self.model_name)
         self._heartbeat = HeartbeatThread(self.link, self.config.heartbeat_interval)
         self._heartbeat.start()
         policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
@@ -224,6 +237,30 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors()
+
+    # -- KV events (see kv_events.py) ---------------------------------------------------------
+
+    def get_kv_connector_kv_cache_events(self) -> LMCacheMPKVEvents | None:
+        """Worker: the server's cache changes since the last step (TP rank 0 only)."""
+        follower = self._kv_event_follower
+        if follower is None or self._worker.rank != 0:
+            return None
+        events = follower.get_kv_events()
+        if not events:
+            return None
+        container = LMCacheMPKVEvents(num_workers=1)
+        container.add_events(events)
+        return container
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Scheduler: keep the step's worker events for ``take_events``."""
+        if self._enable_kv_events:
+            collect(getattr(connector_output, "kv_cache_events", None), self._kv_events)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """Scheduler: the KV events gathered since the last call, in order."""
+        events, self._kv_events = self._kv_events, []
+        return events
 
     def shutdown(self) -> None:
         self._heartbeat.stop()

@@ -214,3 +214,11 @@ def parse_extra_config(
         max_offload_tokens=max_offload,
         port=int(port),
     )
+
+
+def kv_events_enabled(vllm_config: Any) -> bool:
+    """Whether the connector reports LMCache's KV events to vLLM: upstream's switch is
+    vLLM's own ``--kv-events-config '{"enable_kv_cache_events": true, ...}'``
+    (``vllm_config.kv_events_config.enable_kv_cache_events``), not a connector key."""
+    events_config = getattr(vllm_config, "kv_events_config", None)
+    return bool(getattr(events_config, "enable_kv_cache_events", False))
