@@ -27,8 +27,10 @@ require_module(
     required_env="LMCACHE_TEST_REQUIRE_VLLM",
 )
 
-from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.config import KVEventsConfig, KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 
 from lmcache.integration.vllm.lmcache_mp_connector import (  # noqa: E402
     LMCacheMPConnector,
@@ -124,13 +126,16 @@ def server(tmp_path: Path) -> Iterator[RestartableServer]:
     srv.stop()
 
 
-def _vllm_config(port: int, server_urls: list[str] | None = None) -> SimpleNamespace:
+def _vllm_config(
+    port: int, server_urls: list[str] | None = None, kv_events: bool = False
+) -> SimpleNamespace:
     where = (
         {"lmcache.mp.server_urls": ",".join(server_urls)}
         if server_urls
         else {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": str(port)}
     )
     return SimpleNamespace(
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=kv_events) if kv_events else None,
         kv_transfer_config=KVTransferConfig(
             kv_connector="LMCacheMPConnector",
             kv_connector_module_path="lmcache.integration.vllm.lmcache_mp_connector",
@@ -152,8 +157,10 @@ def _vllm_config(port: int, server_urls: list[str] | None = None) -> SimpleNames
 class Engine:
     """The scheduler and worker connectors of one fake engine, and its KV cache."""
 
-    def __init__(self, port: int, server_urls: list[str] | None = None) -> None:
-        config = _vllm_config(port, server_urls)
+    def __init__(
+        self, port: int, server_urls: list[str] | None = None, kv_events: bool = False
+    ) -> None:
+        config = _vllm_config(port, server_urls, kv_events)
         spec = SimpleNamespace(num_kv_heads=NUM_HEADS, head_size=HEAD_SIZE)
         kv_config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
         self.scheduler = LMCacheMPConnector(config, KVConnectorRole.SCHEDULER, None)
@@ -302,5 +309,58 @@ def test_server_that_starts_after_vllm_is_used_once_it_appears(
         _wait(lambda: engine.scheduler.chunk_size == CHUNK_SIZE, "the scheduler to connect")
         _wait(lambda: not engine.scheduler.health.is_down, "the scheduler to switch on")
         _round_trip(engine, server)
+    finally:
+        engine.close()
+
+
+def _published_events(engine: Engine, wanted: type, timeout: float = 30.0) -> list[object]:
+    """Steps the worker until vLLM's scheduler side publishes a ``wanted`` event."""
+    published: list[object] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        container = engine.worker.get_kv_connector_kv_cache_events()
+        engine.scheduler.update_connector_output(KVConnectorOutput(kv_cache_events=container))
+        published.extend(engine.scheduler.take_events())
+        if any(isinstance(e, wanted) for e in published):
+            return published
+        time.sleep(0.06)
+    raise AssertionError(f"no {wanted.__name__} published; got {published}")
+
+
+def test_kv_events_reach_vllm_and_are_withdrawn_after_a_restart(
+    server: RestartableServer,
+) -> None:
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    from lmcache.utils import chunk_hashes
+    from lmcache.v1.multiprocess.server.kv_events import hash_bytes
+
+    server.start()
+    engine = Engine(server.port, kv_events=True)
+    try:
+        engine.store()
+        events = _published_events(engine, BlockStored)
+        stored = [e for e in events if isinstance(e, BlockStored)]
+        # As vLLM publishes them (bytes, or ints with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
+        hashes = [
+            maybe_convert_block_hash(hash_bytes(h))
+            for h in chunk_hashes(PROMPT[:STORED], CHUNK_SIZE)
+        ]
+        assert [e.block_hashes for e in stored] == [[h] for h in hashes]
+        assert [e.parent_block_hash for e in stored] == [None, hashes[0]]
+        assert [e.token_ids for e in stored] == [
+            PROMPT[:CHUNK_SIZE],
+            PROMPT[CHUNK_SIZE:STORED],
+        ]
+        assert {e.block_size for e in stored} == {CHUNK_SIZE}
+        assert list(engine.scheduler.take_events()) == []  # taken once
+
+        # The restarted server holds nothing: what was announced is withdrawn.
+        server.kill9()
+        server.start()
+        _wait(lambda: _worker_registered(server), "the worker to register again")
+        events = _published_events(engine, BlockRemoved)
+        removed = [e for e in events if isinstance(e, BlockRemoved)]
+        assert sorted(h for e in removed for h in e.block_hashes) == sorted(hashes)
     finally:
         engine.close()

@@ -62,6 +62,8 @@ REVIEWED_NON_ADMIN = frozenset(
         "get_stats",
         "commit_store_frames",
         "retrieve_frames",
+        # Reads only the announced chunk hashes of a model (no data, no state change).
+        "subscribe_kv_events",
     }
 )
 

@@ -412,6 +412,8 @@ def semantic_seeds(wrappers: list[Ext], chunk_size: int) -> dict[str, list[list[
         "unregister_kv_cache": [[3]],
         "unregister_kv_cache_engine_driven_context": [[1]],
         "protocol_handshake": [[protocol.PROTOCOL_VERSION]],
+        # From the start, from a cursor beyond the log (lost), one record at a time.
+        "subscribe_kv_events": [[3, "fuzz", 0, 1024], [3, "fuzz", 1 << 40, 1], [1, "x", 0, 1]],
     }
 
 

@@ -26,6 +26,7 @@ server has its own link, heartbeat and sides (see :mod:`.multi_server`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,8 +39,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from lmcache.integration.vllm.autostart import AutostartedServer, ensure_local_server
 from lmcache.integration.vllm.connector_stats import LMCacheMPConnectorStats, LMCacheMPPromMetrics
+from lmcache.integration.vllm.kv_events import KVEventFollower, LMCacheMPKVEvents, collect
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
-from lmcache.integration.vllm.mp_config import MPConnectorConfig, parse_extra_config
+from lmcache.integration.vllm.mp_config import (
+    MPConnectorConfig,
+    kv_events_enabled,
+    parse_extra_config,
+)
 from lmcache.integration.vllm.multi_server import (
     SchedulerRouter,
     WorkerRouter,
@@ -56,10 +62,12 @@ from lmcache.v1.platform.ops_types import EngineKVFormat
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -149,6 +157,14 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         ]
         for heartbeat in self._heartbeats:
             heartbeat.start()
+        self._enable_kv_events = kv_events_enabled(vllm_config)
+        self._kv_events: list[KVCacheEvent] = []  # scheduler: gathered, awaiting take_events
+        # Worker: one follower per server, each announcing the chunks that server holds.
+        self._kv_event_followers: list[KVEventFollower] = []
+        if self._enable_kv_events and role == KVConnectorRole.WORKER:
+            self._kv_event_followers = [
+                KVEventFollower(link, self.model_name) for link in self.links
+            ]
         policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
         if role == KVConnectorRole.SCHEDULER and policy != "recompute":
             # vLLM's default fails a request whose load failed; for a cache that is wrong.
@@ -271,6 +287,29 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors()
+
+    # -- KV events (see kv_events.py) ---------------------------------------------------------
+
+    def get_kv_connector_kv_cache_events(self) -> LMCacheMPKVEvents | None:
+        """Worker: the server's cache changes since the last step (TP rank 0 only)."""
+        if not self._kv_event_followers or self._worker.rank != 0:
+            return None
+        events = [event for f in self._kv_event_followers for event in f.get_kv_events()]
+        if not events:
+            return None
+        container = LMCacheMPKVEvents(num_workers=1)
+        container.add_events(events)
+        return container
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Scheduler: keep the step's worker events for ``take_events``."""
+        if self._enable_kv_events:
+            collect(getattr(connector_output, "kv_cache_events", None), self._kv_events)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """Scheduler: the KV events gathered since the last call, in order."""
+        events, self._kv_events = self._kv_events, []
+        return events
 
     def shutdown(self) -> None:
         for heartbeat in self._heartbeats:

@@ -248,3 +248,11 @@ def _check_autostart(values: Mapping[str, Any], urls: list[str]) -> None:
         if len(urls) != 1:
             raise ValueError(f"{PREFIX}autostart starts one server; got server_urls {urls}")
         local_host_port(urls[0])
+
+
+def kv_events_enabled(vllm_config: Any) -> bool:
+    """Whether the connector reports LMCache's KV events to vLLM: upstream's switch is
+    vLLM's own ``--kv-events-config '{"enable_kv_cache_events": true, ...}'``
+    (``vllm_config.kv_events_config.enable_kv_cache_events``), not a connector key."""
+    events_config = getattr(vllm_config, "kv_events_config", None)
+    return bool(getattr(events_config, "enable_kv_cache_events", False))

@@ -190,6 +190,11 @@ class WorkerRouter:
             self.sides[index].store(items)
 
     @property
+    def rank(self) -> int:
+        """This worker's TP rank (the same on every server)."""
+        return self.sides[0].rank
+
+    @property
     def kv_layout(self) -> EngineKVFormat | None:
         return self.sides[0].kv_layout
 

@@ -265,6 +265,11 @@ class WorkerSide:
                 )
             return False
 
+    @property
+    def rank(self) -> int:
+        """This worker's TP rank (0 until the KV cache registers)."""
+        return self._rank
+
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors

@@ -95,6 +95,7 @@ class MPServerConfig:
     l2_adapters: list[str] = dataclasses.field(default_factory=list)
     l2_prefetch_max_in_flight: int = 8
     l2_prefetch_wait_timeout_seconds: float = 30.0
+    kv_event_log_size: int = 32768
     worker_reap_timeout_seconds: float = 120.0
     session_ttl_seconds: float = 600.0
     pending_transfer_timeout_seconds: float = 60.0
@@ -130,6 +131,7 @@ class MPServerConfig:
             ),
             ("--l2-disk-size-gb", non_negative_float, self.l2_disk_size_gb),
             ("--l2-prefetch-max-in-flight", non_negative_int, self.l2_prefetch_max_in_flight),
+            ("--kv-event-log-size", non_negative_int, self.kv_event_log_size),
             (
                 "--l2-prefetch-wait-timeout-seconds",
                 positive_float,
@@ -232,6 +234,7 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         l2_adapters=list(args.l2_adapter),
         l2_prefetch_max_in_flight=args.l2_prefetch_max_in_flight,
         l2_prefetch_wait_timeout_seconds=args.l2_prefetch_wait_timeout_seconds,
+        kv_event_log_size=args.kv_event_log_size,
         worker_reap_timeout_seconds=args.worker_reap_timeout_seconds,
         session_ttl_seconds=args.session_ttl_seconds,
         pending_transfer_timeout_seconds=args.pending_transfer_timeout_seconds,

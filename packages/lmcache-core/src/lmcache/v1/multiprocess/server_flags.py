@@ -125,6 +125,13 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> None:
         "upstream; default 8); 0 = no prefetch: a retrieve reads the lower tiers itself.",
     )
     storage.add_argument(
+        "--kv-event-log-size",
+        type=non_negative_int,
+        default=32768,
+        help="KV-event records (CPU-tier stores and removals) kept per model for "
+        "subscribe_kv_events subscribers (as upstream; default 32768); 0 turns them off.",
+    )
+    storage.add_argument(
         "--l2-prefetch-wait-timeout-seconds",
         type=positive_float,
         default=30.0,

@@ -66,6 +66,9 @@ class LocalCPUBackend(AllocatorBackendInterface):
         self._lock = threading.Lock()
         self._timeout_s = float(self.config.blocking_timeout_secs)
         self._closed = False
+        # Called with (key, present) under the lock whenever a key enters or leaves this
+        # tier (see add_residency_listener).
+        self._residency_listeners: list[Callable[[CacheEngineKey, bool], None]] = []
 
     # -- allocator ----------------------------------------------------------------------------
 
@@ -151,7 +154,22 @@ class LocalCPUBackend(AllocatorBackendInterface):
         obj = self._hot.pop(key)
         self._policy.on_remove(key)
         obj.ref_count_down()
+        self._notify_residency(key, False)
         return obj
+
+    def add_residency_listener(self, listener: Callable[[CacheEngineKey, bool], None]) -> None:
+        """Call ``listener(key, present)`` whenever a key enters (True) or leaves (False)
+        this tier, by any path (put, eviction, removal).  It runs under the tier's lock, so
+        it must be cheap and must not call back into storage; its errors are logged."""
+        with self._lock:
+            self._residency_listeners.append(listener)
+
+    def _notify_residency(self, key: CacheEngineKey, present: bool) -> None:
+        for listener in self._residency_listeners:
+            try:
+                listener(key, present)
+            except Exception:  # an observer must never break a put or an eviction
+                logger.exception("residency listener failed for %s", key)
 
     def batched_allocate(
         self,
@@ -241,6 +259,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
                 obj.ref_count_up()
             self._hot[key] = obj
             self._policy.on_put(key)
+            self._notify_residency(key, True)
 
     def _copy_in(self, src: MemoryObj) -> MemoryObj | None:
         """A copy of a foreign object in this tier's allocator (so the byte bound holds)."""

@@ -18,7 +18,12 @@ from lmcache.v1.multiprocess.server.lookup import LookupOps
 from lmcache.v1.multiprocess.server.state import DIRECT_SUB_PATH
 from lmcache.v1.multiprocess.server.tiers import describe_tiers, tier_problems
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
-from lmcache.v1.multiprocess.wire.custom_types import BlockAllocationRecord, ServerStats
+from lmcache.v1.multiprocess.wire.custom_types import (
+    KV_EVENT_CAPABILITY,
+    BlockAllocationRecord,
+    KVEventBatch,
+    ServerStats,
+)
 from lmcache.v1.multiprocess.wire.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.wire.security import TokenCheck
 from lmcache.v1.platform.transfer_mode import MPTransferMode
@@ -88,7 +93,15 @@ class AdminOps(WorkerRegistry, LookupOps):
         return "noop"
 
     def get_experimental(self) -> list[str]:
-        return []
+        return [KV_EVENT_CAPABILITY] if self.kv_events.enabled else []
+
+    def subscribe_kv_events(
+        self, instance_id: int, model_name: str, cursor: int, max_events: int
+    ) -> KVEventBatch:
+        """The next page of ``model_name``'s KV events after ``cursor`` (see
+        :mod:`.kv_events`); answers at once, so a subscriber polls from ``next_cursor``."""
+        del instance_id  # no per-subscriber state: any number may read the same log
+        return self.kv_events.read(model_name, cursor, max_events)
 
     def protocol_handshake(self, client_version: int) -> tuple[int, bool]:
         if client_version != PROTOCOL_VERSION:

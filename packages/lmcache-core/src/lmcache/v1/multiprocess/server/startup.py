@@ -77,6 +77,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             prefetch_wait_timeout_seconds=config.l2_prefetch_wait_timeout_seconds,
             instance_id=config.instance_id,
             admin=admin,
+            kv_event_log_size=config.kv_event_log_size,
         )
         return MPCacheServer(
             settings,

@@ -27,6 +27,7 @@ import torch
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory.base import MemoryObj
 from lmcache.v1.multiprocess.kv_layout import KVLayout, chunk_memory_format
+from lmcache.v1.multiprocess.server.kv_events import DEFAULT_KV_EVENT_LOG_SIZE, KVEventLog
 from lmcache.v1.multiprocess.server.metrics import ServerMetrics
 from lmcache.v1.multiprocess.server.pending import PendingTransfers
 from lmcache.v1.multiprocess.server.prefetch import DEFAULT_MAX_IN_FLIGHT, Prefetcher, PrefetchJob
@@ -66,6 +67,8 @@ class CacheServerSettings:
     # How long a retrieve waits for the prefetch of a chunk it needs before it is a miss.
     prefetch_wait_timeout_seconds: float = 30.0
     admin: AdminPolicy = dataclasses.field(default_factory=AdminPolicy)
+    # KV-event records kept per model (--kv-event-log-size); 0 turns the events off.
+    kv_event_log_size: int = DEFAULT_KV_EVENT_LOG_SIZE
 
 
 @dataclasses.dataclass
@@ -138,6 +141,9 @@ class ServerCore:
         self.started_at = time.time()
         self._evictions: dict[str, EvictionCounter] = install_eviction_counters(storage)
         self._refusals = RefusalLog()
+        self.kv_events = KVEventLog(settings.kv_event_log_size)
+        if self.kv_events.enabled:
+            storage.local_cpu_backend.add_residency_listener(self.kv_events.on_l1_change)
         # Made by MPCacheServer once every family is in place (they read its state).
         self.metrics: ServerMetrics | None = None
 
@@ -172,9 +178,11 @@ class ServerCore:
                 f"key worker_id {key.worker_id!r} is not a rank of world size {key.world_size}",
             )
         try:
-            return plan_chunks(key, self.chunk_size)
+            spans = plan_chunks(key, self.chunk_size)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
+        self.kv_events.bind_tokens(key, spans, self.chunk_size)
+        return spans
 
     def _storage_key(self, key: IPCCacheServerKey, worker_id: int, chunk_hash: int) -> Any:
         return CacheEngineKey(

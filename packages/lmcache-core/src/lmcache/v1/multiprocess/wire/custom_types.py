@@ -30,6 +30,13 @@ __all__ = [
     "InlineChunks",
     "InstanceId",
     "Int64",
+    "KV_EVENT_CAPABILITY",
+    "KV_EVENT_KIND_REMOVED",
+    "KV_EVENT_KIND_STORED",
+    "KV_EVENT_MEDIUM_CPU",
+    "KVEventBatch",
+    "KVEventRecord",
+    "MAX_KV_EVENTS_PER_BATCH",
     "MAX_BLOCK_ID",
     "MAX_BLOCK_SIZE",
     "MAX_CACHE_SALT_LEN",
@@ -256,3 +263,48 @@ class ServerStats(msgspec.Struct):
     # the server restarted and forgot every registration and lookup session.  Optional (an
     # older server sends none, decoded as ""), so adding it breaks no peer.
     server_incarnation: str = ""
+
+
+# -- KV events (``subscribe_kv_events``) -------------------------------------------------------
+
+# What ``get_experimental`` lists when the server records KV events (upstream's name).
+KV_EVENT_CAPABILITY = "kv_event_stream"
+KV_EVENT_KIND_STORED = "stored"
+KV_EVENT_KIND_REMOVED = "removed"
+# The only medium the server reports: its host-memory tier (L1).
+KV_EVENT_MEDIUM_CPU = "CPU"
+# The most records one batch may carry (upstream's bound on ``max_events``).
+MAX_KV_EVENTS_PER_BATCH = 1024
+
+
+class KVEventRecord(msgspec.Struct):
+    """One sequenced change of the server's CPU tier for one model.
+
+    ``stored`` records carry one chunk: its hash, its parent's (the previous chunk of the
+    same prefix, ``None`` for the first) and its tokens.  ``removed`` records may carry
+    several hashes.  Hashes are the chunk hashes as 8 big-endian bytes.
+    """
+
+    seq: int
+    kind: str
+    medium: str
+    model_name: str
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+
+
+class KVEventBatch(msgspec.Struct):
+    """One page of a model's KV events after a cursor.
+
+    Resume at ``next_cursor``.  ``lost`` means records after the cursor were dropped from
+    the bounded log (or the cursor is from another incarnation): the subscriber must
+    forget what it learnt and rebuild from the events that follow.  ``incarnation``
+    changes when the server restarts; ``enabled=False`` means the server records none.
+    """
+
+    enabled: bool
+    incarnation: int
+    next_cursor: int
+    lost: bool
+    events: list[KVEventRecord]

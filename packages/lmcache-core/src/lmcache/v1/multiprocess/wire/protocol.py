@@ -30,6 +30,7 @@ import torch
 from msgspec import Meta
 
 from lmcache.v1.multiprocess.wire.custom_types import (
+    MAX_KV_EVENTS_PER_BATCH,
     MAX_LAYERS,
     MAX_RECORDS,
     MAX_WORLD_SIZE,
@@ -39,6 +40,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     InstanceId,
     Int64,
     IPCCacheServerKey,
+    KVEventBatch,
     Name,
     PrefetchProgress,
     PrepareRetrieveResponse,
@@ -316,6 +318,18 @@ RPC_SPECS: dict[str, RpcSpec] = {
             PrepareRetrieveResponse,
             pool=Pool.AFFINITY,
             bulk_reply=True,
+        ),
+        # Upstream streams batches (MessagingStream); ours answers one batch per call
+        # without waiting, and the subscriber polls again from ``next_cursor``.
+        RpcSpec(
+            "subscribe_kv_events",
+            (
+                _INSTANCE,
+                ("model_name", Name),
+                ("cursor", Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]),
+                ("max_events", Annotated[int, Meta(ge=1, le=MAX_KV_EVENTS_PER_BATCH)]),
+            ),
+            KVEventBatch,
         ),
         RpcSpec(
             "query_prefetch_progress",
