@@ -160,9 +160,16 @@ def servers(
             stop(server)
 
 
-def run_driver(python: Path, script: str, *args: str, timeout: float = 120) -> dict[str, Any]:
+def run_driver(
+    python: Path,
+    script: str,
+    *args: str,
+    timeout: float = 120,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run an upstream-side driver script; its ``INTEROP-RESULT`` JSON line."""
     env = dict(os.environ, PYTHONPATH="")  # keep our tree off upstream's path
+    env.update(extra_env or {})
     proc = subprocess.run(
         [str(python), str(HERE / script), *args],
         capture_output=True,
