@@ -88,7 +88,12 @@ def _wait_ready(server: RunningServer, deadline_s: float) -> None:
 
 def start(cmd: list[str], port: int, log: Path) -> RunningServer:
     handle = open(log, "wb")  # noqa: SIM115 - the child owns it
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(os.environ)
+    if UPSTREAM_PYTHON is not None and cmd[0] == str(UPSTREAM_PYTHON):
+        env["PYTHONPATH"] = ""  # a PYTHONPATH naming our tree would shadow upstream's lmcache
+    proc = subprocess.Popen(
+        cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     return RunningServer(f"tcp://127.0.0.1:{port}", port, proc, log)
 
 
