@@ -88,8 +88,8 @@ def test_no_argument_backend_uses_the_selected_device() -> None:
 
 
 def test_get_event_ipc_backend_resolves_every_device_form() -> None:
-    from lmcache.v1.platform.registry import current_device_spec
     from lmcache.v1.platform.base.event_ipc import get_event_ipc_backend
+    from lmcache.v1.platform.registry import current_device_spec
 
     spec = current_device_spec()
     expected = spec.event_ipc_backend

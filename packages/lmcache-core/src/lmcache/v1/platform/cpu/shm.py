@@ -263,7 +263,7 @@ class CpuShmTensorWrapper(DeviceIPCWrapper):
         found = _find_mapping(tensor.data_ptr()) if tensor.numel() else None
         # Outside a mapping the caller names the segment that backs the tensor's storage
         # (upstream's model), so the view starts at its storage offset there.
-        byte_offset = found[1] if found else tensor.storage_offset() * element
+        byte_offset = found[1] if found else int(tensor.storage_offset()) * element
         if byte_offset % element:
             raise ValueError("tensor is not element-aligned inside its shared-memory segment")
         nbytes = segment_nbytes if segment_nbytes is not None else (found[2] if found else 0)
