@@ -88,7 +88,12 @@ def _wait_ready(server: RunningServer, deadline_s: float) -> None:
 
 def start(cmd: list[str], port: int, log: Path) -> RunningServer:
     handle = open(log, "wb")  # noqa: SIM115 - the child owns it
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(os.environ)
+    if UPSTREAM_PYTHON is not None and cmd[0] == str(UPSTREAM_PYTHON):
+        env["PYTHONPATH"] = ""  # a PYTHONPATH naming our tree would shadow upstream's lmcache
+    proc = subprocess.Popen(
+        cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     return RunningServer(f"tcp://127.0.0.1:{port}", port, proc, log)
 
 
@@ -160,9 +165,16 @@ def servers(
             stop(server)
 
 
-def run_driver(python: Path, script: str, *args: str, timeout: float = 120) -> dict[str, Any]:
+def run_driver(
+    python: Path,
+    script: str,
+    *args: str,
+    timeout: float = 120,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run an upstream-side driver script; its ``INTEROP-RESULT`` JSON line."""
     env = dict(os.environ, PYTHONPATH="")  # keep our tree off upstream's path
+    env.update(extra_env or {})
     proc = subprocess.run(
         [str(python), str(HERE / script), *args],
         capture_output=True,

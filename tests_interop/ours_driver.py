@@ -33,6 +33,48 @@ def make_kv(shared: bool) -> list[torch.Tensor]:
     return layers
 
 
+def patterned_kv(shared: bool) -> list[torch.Tensor]:
+    """The same fixed pattern as ``upstream_driver.patterned_kv`` (no RNG), so a cache
+    one connector stores can be checked byte for byte by the other."""
+    shape = (2, NUM_BLOCKS, BLOCK_SIZE, NUM_HEADS, HEAD_SIZE)
+    numel = 2 * NUM_BLOCKS * BLOCK_SIZE * NUM_HEADS * HEAD_SIZE
+    layers = []
+    for layer in range(NUM_LAYERS):
+        values = (torch.arange(numel, dtype=torch.int64) * 7 + layer * 13) % 251 - 125
+        tensor = (
+            empty_shm_tensor(shape, torch.float16)
+            if shared
+            else torch.empty(shape, dtype=torch.float16)
+        )
+        tensor.copy_((values.to(torch.float16) / 8).reshape(shape))
+        layers.append(tensor)
+    return layers
+
+
+def cross_phase(
+    url: str, mode: str, phase: str, *, model: str, token_base: int, num_tokens: int = 128
+) -> dict[str, Any]:
+    """Our half of a cross-connector exchange (see ``upstream_driver.run_phase``)."""
+    kv = patterned_kv(shared=mode == "lmcache_driven")
+    expected = [t.clone() for t in kv]
+    blocks = list(range(num_tokens // BLOCK_SIZE))
+    tokens = list(range(token_base, token_base + num_tokens))
+    result: dict[str, Any] = {"phase": phase, "mode": mode}
+    if phase == "load":
+        for t in kv:
+            t[:, blocks] = 0
+    with KVCacheWorker(
+        kv, model_name=model, server_url=url, mode=mode, heartbeat_interval=0
+    ) as worker:
+        if phase == "store":
+            result["store_ok"] = worker.store(tokens, blocks)
+        else:
+            result["lookup_hit_tokens"] = worker.lookup(tokens)
+            result["retrieve_ok"] = worker.retrieve(tokens, blocks)
+            result["bytes_equal"] = all(torch.equal(t, e) for t, e in zip(kv, expected))
+    return result
+
+
 def store_lookup_retrieve(
     url: str, mode: str, *, model: str, num_tokens: int = 128, **worker_kw: Any
 ) -> dict[str, Any]:

@@ -117,14 +117,81 @@ def run(url: str, mode: str, num_tokens: int) -> dict[str, Any]:
     return result
 
 
+def patterned_kv(layer: int) -> Any:
+    """KV contents both connectors can rebuild exactly (the cross-connector test):
+    a fixed float16 pattern per layer, no RNG."""
+    import torch
+
+    shape = (2, NUM_BLOCKS, BLOCK_SIZE, NUM_HEADS, HEAD_SIZE)
+    numel = 2 * NUM_BLOCKS * BLOCK_SIZE * NUM_HEADS * HEAD_SIZE
+    values = (torch.arange(numel, dtype=torch.int64) * 7 + layer * 13) % 251 - 125
+    return (values.to(torch.float16) / 8).reshape(shape)
+
+
+def run_phase(url: str, mode: str, phase: str, model: str, token_base: int, n: int) -> Any:
+    """One half of a cross-connector exchange on one server: ``store`` the patterned
+    cache's first blocks, or ``load`` (lookup, retrieve into zeroed blocks, compare with
+    the pattern) what the other connector stored."""
+    import torch
+    import zmq
+
+    from lmcache.integration.vllm import vllm_multi_process_adapter as adapters
+
+    extra = {"lmcache.mp.mp_transfer_mode": mode, "lmcache.mp.mq_timeout": 20.0}
+    strategy = _parallel_strategy(adapters)
+    ctx = zmq.Context()
+    worker = adapters.LMCacheMPWorkerAdapter(
+        url, ctx, model, BLOCK_SIZE, strategy, extra_config=extra
+    )
+    kv = {f"layer.{i}": patterned_kv(i) for i in range(NUM_LAYERS)}
+    expected = {name: t.clone() for name, t in kv.items()}
+    blocks = list(range(n // BLOCK_SIZE))
+    if phase == "load":
+        for t in kv.values():
+            t[:, blocks] = 0
+    worker.register_kv_caches(kv, layout_hints={"kv_layout": "NHD"})
+    tokens = list(range(token_base, token_base + n))
+    result: dict[str, Any] = {"phase": phase, "mode": mode}
+    op = adapters.LoadStoreOp(token_ids=tokens, block_ids=[blocks], start=0, end=n)
+    if phase == "store":
+        worker.submit_store_request("req-x", op, worker.create_recorded_event())
+        result["store_ok"] = bool(worker.store_futures["req-x"].result(timeout=30))
+    else:
+        scheduler = adapters.LMCacheMPSchedulerAdapter(
+            [url], ctx, model, BLOCK_SIZE, strategy, extra_config=extra
+        )
+        scheduler.maybe_submit_lookup_request("req-x", tokens)
+        hit = int(_wait(lambda: scheduler.check_lookup_result("req-x"), 20))
+        result["lookup_hit_tokens"] = hit
+        if hit:
+            op = adapters.LoadStoreOp(token_ids=tokens, block_ids=[blocks], start=0, end=hit)
+            worker.submit_retrieve_request("req-x", op, worker.create_recorded_event())
+            result["retrieve_ok"] = bool(worker.retrieve_futures["req-x"][0].result(timeout=30))
+        result["bytes_equal"] = all(torch.equal(kv[k], expected[k]) for k in kv)
+        scheduler.end_session("req-x")
+        scheduler.shutdown()
+    worker.shutdown()
+    kv.clear()
+    gc.collect()
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--mode", required=True, choices=["engine_driven", "lmcache_driven"])
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--phase", choices=["all", "store", "load"], default="all")
+    parser.add_argument("--model", default="interop-cross")
+    parser.add_argument("--token-base", type=int, default=3000)
     args = parser.parse_args()
     try:
-        result = run(args.url, args.mode, args.tokens)
+        if args.phase == "all":
+            result = run(args.url, args.mode, args.tokens)
+        else:
+            result = run_phase(
+                args.url, args.mode, args.phase, args.model, args.token_base, args.tokens
+            )
     except BaseException as exc:  # report, do not hang the parent test
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     sys.stdout.write("INTEROP-RESULT " + json.dumps(result) + "\n")

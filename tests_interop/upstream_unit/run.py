@@ -118,8 +118,6 @@ DESELECTED: dict[str, str] = {
     _CPU_SHM + "test_migrate_is_idempotent_across_sibling_views": _GAP + _OUR_SHM,
     _CPU_SHM + "test_migrate_segment_unlinks_only_after_last_view_dies": "uses upstream's "
     "shm_map_readwrite cache internals; " + _OUR_SHM,
-    _CPU_SHM + "test_wrapper_rejects_view_larger_than_segment": _GAP + "the wrapper "
-    "constructor does not check the view against segment_nbytes",
     _CPU_SHM + "test_migrate_ignores_stale_entry_from_id_reuse": "needs upstream's test hook "
     "inject_stale_cache_entry_for_test into its id-keyed segment cache, which ours does not "
     "have (segments are found from /proc/self/maps)",

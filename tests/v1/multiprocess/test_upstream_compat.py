@@ -307,3 +307,19 @@ def test_report_block_allocation_is_accepted(auto_server: ServerProcess) -> None
         records = [BlockAllocationRecord(req_id="r", new_block_ids=[1], new_token_ids=[5])]
         assert client.call("report_block_allocation", 42, "m", records) is None
         assert client.get_stats().errors == errors
+
+
+def test_upstream_codec_names_round_trip_wire_types() -> None:
+    from lmcache.v1.multiprocess.custom_types import (
+        IPCCacheServerKey,
+        get_customized_decoder,
+        get_customized_encoder,
+    )
+
+    key = IPCCacheServerKey("m", 1, 0, (1, 2, 3), 0, 3)
+    data = get_customized_encoder(IPCCacheServerKey).encode(key)
+    assert get_customized_decoder(IPCCacheServerKey).decode(data) == key
+    dtype_data = get_customized_encoder(torch.dtype).encode(torch.bfloat16)
+    assert get_customized_decoder(torch.dtype).decode(dtype_data) is torch.bfloat16
+    with pytest.raises(msgspec.ValidationError):
+        get_customized_decoder(torch.dtype).decode(get_customized_encoder(int).encode(5))

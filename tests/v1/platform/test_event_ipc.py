@@ -85,3 +85,29 @@ def test_no_argument_backend_uses_the_selected_device() -> None:
 
     backend = DefaultEventIPCBackend()
     assert (backend.event_module, backend.device_type) == get_torch_device()
+
+
+def test_get_event_ipc_backend_resolves_every_device_form() -> None:
+    from lmcache.v1.platform.base.event_ipc import get_event_ipc_backend
+    from lmcache.v1.platform.registry import current_device_spec
+
+    spec = current_device_spec()
+    expected = spec.event_ipc_backend
+    if expected is None:
+        pytest.skip(f"the selected backend ({spec.device_type}) has no event IPC")
+    device_type = spec.device_type
+    for device in (0, device_type, f"{device_type}:0", torch.device(device_type)):
+        assert get_event_ipc_backend(device) is expected, device
+
+
+def test_get_event_ipc_backend_refuses_unknown_and_unsupported_types(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lmcache.v1.platform.base import event_ipc
+
+    with pytest.raises(RuntimeError, match="No DeviceSpec registered for device type 'nosuch'"):
+        event_ipc.get_event_ipc_backend("nosuch:1")
+    no_ipc = types.SimpleNamespace(event_ipc_backend=None)
+    monkeypatch.setattr(event_ipc, "_device_spec_resolvers", [lambda device_type: no_ipc])
+    with pytest.raises(RuntimeError, match="'fake' does not support event IPC"):
+        event_ipc.get_event_ipc_backend(types.SimpleNamespace(type="fake"))

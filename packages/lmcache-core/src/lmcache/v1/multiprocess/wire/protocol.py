@@ -403,6 +403,16 @@ def decode(data: bytes | memoryview, expected: Any = Any) -> Any:
     return _decoder(expected).decode(data)
 
 
+def wire_encoder() -> msgspec.msgpack.Encoder:
+    """The MP wire's msgpack encoder (its hooks: IPC wrappers as Ext 1, dtypes, sizes)."""
+    return _ENCODER
+
+
+def wire_decoder(expected: Any = Any) -> msgspec.msgpack.Decoder[Any]:
+    """A msgpack decoder for ``expected`` with the MP wire's hooks (cached per type)."""
+    return _decoder(expected)
+
+
 # -- operations ------------------------------------------------------------------------------
 
 

@@ -32,6 +32,23 @@ def set_active_device_resolver(resolver: Callable[[], tuple[ModuleType | None, s
     _active_device_resolvers[:] = [resolver]
 
 
+# The registry's ``get_device_spec``, for upstream's ``get_event_ipc_backend(device)``;
+# installed by :mod:`lmcache.v1.platform.registry` like the resolver above.
+_device_spec_resolvers: list[Callable[[str], DeviceSpecLike | None]] = []
+
+
+class DeviceSpecLike(Protocol):
+    """What ``get_event_ipc_backend`` reads from a ``DeviceSpec``."""
+
+    @property
+    def event_ipc_backend(self) -> EventIPCBackend | None: ...
+
+
+def set_device_spec_resolver(resolver: Callable[[str], DeviceSpecLike | None]) -> None:
+    """Install the function that finds the ``DeviceSpec`` serving a device type."""
+    _device_spec_resolvers[:] = [resolver]
+
+
 def _active_device() -> tuple[ModuleType | None, str]:
     if not _active_device_resolvers:
         raise RuntimeError(
@@ -147,3 +164,35 @@ class DefaultEventIPCBackend:
 
     def synchronize_event(self, event: IPCEvent, device: DeviceLike) -> None:
         _interprocess(event).synchronize()
+
+
+def _resolve_device_type(device: object) -> str:
+    """The device type of a ``torch.device``-like object, a ``"type[:index]"`` string or an
+    int index (an index means the selected backend's device type)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return _active_device()[1]
+    device_type = getattr(device, "type", None)
+    if isinstance(device_type, str):
+        return device_type
+    if isinstance(device, str):
+        return device.split(":", maxsplit=1)[0]
+    return str(device)
+
+
+def get_event_ipc_backend(device: object) -> EventIPCBackend:
+    """The event-IPC backend of ``device``'s type (upstream's lookup).
+
+    Raises ``RuntimeError`` when no backend serves that type or its spec has no event IPC.
+    """
+    device_type = _resolve_device_type(device)
+    if not _device_spec_resolvers:
+        raise RuntimeError(
+            "get_event_ipc_backend needs the device registry (import lmcache.v1.platform first)"
+        )
+    spec = _device_spec_resolvers[0](device_type)
+    if spec is None:
+        raise RuntimeError(f"No DeviceSpec registered for device type {device_type!r}.")
+    backend = spec.event_ipc_backend
+    if backend is None:
+        raise RuntimeError(f"Device type {device_type!r} does not support event IPC.")
+    return backend

@@ -236,6 +236,19 @@ def shm_segment_of(tensor: torch.Tensor) -> str | None:
     return found[0] if found else None
 
 
+def _check_view_fits(tensor: torch.Tensor, byte_offset: int, nbytes: int, shm_name: str) -> None:
+    """Refuse a view whose last element lies past the end of its segment."""
+    if tensor.numel() == 0:
+        return
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    end = byte_offset + (last + 1) * tensor.element_size()
+    if end > nbytes:
+        raise ValueError(
+            f"tensor view ends at byte {end}, past the end of the {nbytes}-byte shared-memory "
+            f"segment {shm_name!r}"
+        )
+
+
 @register_ipc_wrapper("cpu_shm")
 class CpuShmTensorWrapper(DeviceIPCWrapper):
     """A CPU tensor in an ``lmcache_kv_`` POSIX shared-memory segment."""
@@ -248,10 +261,14 @@ class CpuShmTensorWrapper(DeviceIPCWrapper):
     ) -> None:
         element = tensor.element_size()
         found = _find_mapping(tensor.data_ptr()) if tensor.numel() else None
-        byte_offset = found[1] if found else 0
+        # Outside a mapping the caller names the segment that backs the tensor's storage
+        # (upstream's model), so the view starts at its storage offset there.
+        byte_offset = found[1] if found else int(tensor.storage_offset()) * element
         if byte_offset % element:
             raise ValueError("tensor is not element-aligned inside its shared-memory segment")
         nbytes = segment_nbytes if segment_nbytes is not None else (found[2] if found else 0)
+        if found or segment_nbytes is not None:
+            _check_view_fits(tensor, byte_offset, int(nbytes), shm_name)
         super().__init__(
             handle=shm_name,
             dtype=tensor.dtype,

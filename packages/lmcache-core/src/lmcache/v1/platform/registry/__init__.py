@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from lmcache.v1.platform.base.baseline import set_torch_baseline
 from lmcache.v1.platform.base.device_spec import DeviceSpec
-from lmcache.v1.platform.base.event_ipc import set_active_device_resolver
+from lmcache.v1.platform.base.event_ipc import set_active_device_resolver, set_device_spec_resolver
 from lmcache.v1.platform.base.ipc_wrapper import set_backend_wrapper_importer
 from lmcache.v1.platform.registry.discovery import (
     _NON_DEVICE_PACKAGES,  # noqa: F401 - kept importable from the old single module
@@ -97,6 +97,7 @@ from lmcache.v1.platform.registry.selection import (
 set_torch_baseline(_import_torch_baseline)
 set_backend_wrapper_importer(import_backend_ipc_wrappers)
 set_active_device_resolver(get_torch_device)
+set_device_spec_resolver(get_device_spec)
 
 # The names this module had as one file; ``from ... import *`` exports the public ones.
 __all__ = [
