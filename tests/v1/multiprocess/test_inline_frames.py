@@ -300,3 +300,28 @@ def test_sent_chunks_are_unpinned_so_l1_can_evict_them(inline_server: ServerProc
         assert all(worker.retrieve(tokens, blocks) for tokens in rounds[1][-2:])
         survivors = sum(worker.retrieve(tokens, blocks) for tokens in rounds[0])
         assert survivors < len(rounds[0])
+
+
+def test_pipelined_falls_back_to_msgpack_without_framed_ops(
+    inline_server: ServerProcess, pipelined: dict[str, list[int]]
+) -> None:
+    """A server without the framed operations answers the first pipelined request with
+    unknown_operation: the store and the retrieve still complete (msgpack), bit-exact."""
+    tokens = list(range(8000, 8000 + 3 * CHUNK_SIZE))
+    src, dst = make_kv(seed=17), make_kv(seed=None)
+    with (
+        KVCacheWorker(src, model_name="oldpipe", server_url=inline_server.url) as writer,
+        KVCacheWorker(dst, model_name="oldpipe", server_url=inline_server.url) as reader,
+    ):
+        for worker in (writer, reader):
+
+            def refuse(operation: str, *args: Any, **kw: Any) -> Any:
+                raise ServerError("unknown_operation", f"unknown {operation}", operation)
+
+            worker.client.call_bulk = refuse  # type: ignore[method-assign]
+            worker.client.call_bulk_pipelined = refuse  # type: ignore[method-assign]
+        assert writer.store(tokens, list(range(12)))
+        assert reader.retrieve(tokens, list(range(12, 24)))
+        assert writer.context._framed is False  # type: ignore[union-attr]
+    for a, b in zip(src, dst):
+        assert torch.equal(a[:, :12], b[:, 12:24])
