@@ -61,3 +61,22 @@ def test_bench_server_quick_json(tmp_path: Path) -> None:
     rows = document["results"]
     assert {r["path"] for r in rows} == {"engine-driven SHM", "LMCache-driven (CPU SHM)"}
     assert all(r["store_gbps"] > 0 and r["retrieve_gbps"] > 0 for r in rows)
+
+
+def test_bench_server_scaling_table(tmp_path: Path) -> None:
+    """Two worker counts: the aggregate of each path beside N threads copying, in the JSON."""
+    out = tmp_path / "scaling.json"
+    result = _lmcache(
+        "bench", "server", "--quick", "--paths", "engine-inline", "--workers", "1", "2",
+        "--json", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "scaling (aggregate of all workers)" in result.stdout
+    assert "memcpy, N threads" in result.stdout
+    scaling = json.loads(out.read_text())["scaling"]
+    assert [(r["path"], r["workers"]) for r in scaling] == [
+        ("engine-driven inline", 1),
+        ("engine-driven inline", 2),
+    ]
+    assert all(r["memcpy_threads_gbps"] > 0 and r["store_gbps"] > 0 for r in scaling)
+    assert all(r["store_x_memcpy_threads"] > 0 for r in scaling)

@@ -189,11 +189,92 @@ def test_inline_over_a_non_loopback_interface(tmp_path: Any) -> None:
         tmp_path / "server.log",
     )  # fmt: skip
     server.url = f"tcp://{address}:{server.port}"
+    shm_before = _shm_mappings()
     try:
         server.wait_ready()
-        _round_trip(server.url, list(range(40, 40 + 2 * CHUNK_SIZE + 8)), torch.bfloat16)
+        with server.client() as client:
+            before = client.get_stats()
+        tokens = list(range(40, 40 + 2 * CHUNK_SIZE + 8))
+        _round_trip(server.url, tokens, torch.bfloat16)
+        with server.client() as client:
+            after = client.get_stats()
     finally:
         server.stop()
+    # The bytes went through the server's inline path (3 chunks each way) ...
+    assert after.shm_name == ""
+    assert after.stored_chunks - before.stored_chunks == 3
+    assert after.retrieved_chunks - before.retrieved_chunks == 3
+    # ... and this (the workers') process mapped no shared memory on the way.
+    assert _shm_mappings() - shm_before == set()
+
+
+def _shm_mappings() -> set[str]:
+    """The shared-memory files this process has mapped now."""
+    with open("/proc/self/maps") as maps:
+        return {line.split()[-1] for line in maps if "/dev/shm/" in line}
+
+
+@pytest.fixture
+def pipelined(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """Every chunk its own pipelined request; records each pipeline's request count."""
+    from lmcache.v1.multiprocess.transfer_context import inline_frames
+    from lmcache.v1.multiprocess.worker.client import MPClient
+
+    monkeypatch.setattr(inline_frames, "PIPELINE_GROUP_BYTES", 1)
+    counts: dict[str, list[int]] = {}
+    real = MPClient.call_bulk_pipelined
+
+    def counting(self: MPClient, operation: str, count: int, *args: Any, **kw: Any) -> None:
+        counts.setdefault(operation, []).append(count)
+        real(self, operation, count, *args, **kw)
+
+    monkeypatch.setattr(MPClient, "call_bulk_pipelined", counting)
+    return counts
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_pipelined_inline_is_bit_exact(
+    inline_server: ServerProcess, pipelined: dict[str, list[int]], dtype: torch.dtype
+) -> None:
+    """One request per chunk, two in flight: every byte lands where it belongs."""
+    tokens = list(range(3000, 3000 + 4 * CHUNK_SIZE + 5))  # 5 chunks, the last partial
+    blocks = -(-len(tokens) // BLOCK)
+    src, dst = make_kv(dtype=dtype, seed=11), make_kv(dtype=dtype, seed=None)
+    with (
+        KVCacheWorker(src, model_name=f"pipe{dtype}", server_url=inline_server.url) as writer,
+        KVCacheWorker(dst, model_name=f"pipe{dtype}", server_url=inline_server.url) as reader,
+    ):
+        assert writer.store(tokens, list(range(blocks)))
+        assert reader.retrieve(tokens, list(range(blocks, 2 * blocks)))
+        # Stored again: every group is already cached and commits no chunk.
+        assert writer.store(tokens, list(range(blocks)))
+    assert pipelined == {"commit_store_frames": [5, 5], "retrieve_frames": [5]}
+    for a, b in zip(src, dst):
+        assert torch.equal(a[:, :blocks], b[:, blocks : 2 * blocks])
+        assert not b[:, :blocks].any()
+
+
+def test_pipelined_skip_and_partial_hit(
+    inline_server: ServerProcess, pipelined: dict[str, list[int]]
+) -> None:
+    tokens = list(range(6000, 6000 + 3 * CHUNK_SIZE))
+    src, dst = make_kv(seed=13), make_kv(seed=None)
+    with (
+        KVCacheWorker(src, model_name="pp", server_url=inline_server.url) as writer,
+        KVCacheWorker(dst, model_name="pp", server_url=inline_server.url) as reader,
+    ):
+        assert writer.store(tokens[: 2 * CHUNK_SIZE], list(range(8)))
+        # The third chunk is missing: the retrieve fails (the engine recomputes the range).
+        assert not reader.retrieve(tokens, list(range(12, 24)))
+        for layer in dst:
+            layer.zero_()
+        # Skipping the first chunk and one block of the second: those blocks stay alone.
+        assert reader.retrieve(
+            tokens[: 2 * CHUNK_SIZE], list(range(12, 20)), skip_first_n_tokens=CHUNK_SIZE + BLOCK
+        )
+    for a, b in zip(src, dst):
+        assert not b[:, 12:17].any()
+        assert torch.equal(a[:, 5:8], b[:, 17:20])
 
 
 def test_sent_chunks_are_unpinned_so_l1_can_evict_them(inline_server: ServerProcess) -> None:
@@ -219,3 +300,28 @@ def test_sent_chunks_are_unpinned_so_l1_can_evict_them(inline_server: ServerProc
         assert all(worker.retrieve(tokens, blocks) for tokens in rounds[1][-2:])
         survivors = sum(worker.retrieve(tokens, blocks) for tokens in rounds[0])
         assert survivors < len(rounds[0])
+
+
+def test_pipelined_falls_back_to_msgpack_without_framed_ops(
+    inline_server: ServerProcess, pipelined: dict[str, list[int]]
+) -> None:
+    """A server without the framed operations answers the first pipelined request with
+    unknown_operation: the store and the retrieve still complete (msgpack), bit-exact."""
+    tokens = list(range(8000, 8000 + 3 * CHUNK_SIZE))
+    src, dst = make_kv(seed=17), make_kv(seed=None)
+    with (
+        KVCacheWorker(src, model_name="oldpipe", server_url=inline_server.url) as writer,
+        KVCacheWorker(dst, model_name="oldpipe", server_url=inline_server.url) as reader,
+    ):
+        for worker in (writer, reader):
+
+            def refuse(operation: str, *args: Any, **kw: Any) -> Any:
+                raise ServerError("unknown_operation", f"unknown {operation}", operation)
+
+            worker.client.call_bulk = refuse  # type: ignore[method-assign]
+            worker.client.call_bulk_pipelined = refuse  # type: ignore[method-assign]
+        assert writer.store(tokens, list(range(12)))
+        assert reader.retrieve(tokens, list(range(12, 24)))
+        assert writer.context._framed is False  # type: ignore[union-attr]
+    for a, b in zip(src, dst):
+        assert torch.equal(a[:, :12], b[:, 12:24])

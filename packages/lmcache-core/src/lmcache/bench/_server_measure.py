@@ -56,6 +56,38 @@ def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
     return nbytes / best / 1e9
 
 
+def parallel_memcpy_gbps(nbytes: int, threads: int, repeats: int = 3) -> float:
+    """Aggregate GB/s of ``threads`` threads each copying ``nbytes`` at once: the memory
+    bandwidth bound for that many workers (torch copies release the GIL)."""
+    if threads <= 1:
+        return memcpy_gbps(nbytes)
+    pairs = [torch.randint(0, 255, (nbytes,), dtype=torch.uint8) for _ in range(threads)]
+    targets = [torch.empty_like(src) for src in pairs]
+    for dst, src in zip(targets, pairs):
+        dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        barrier = threading.Barrier(threads + 1)
+
+        workers = [
+            threading.Thread(target=_copy_after, args=(barrier, dst, src))
+            for dst, src in zip(targets, pairs)
+        ]
+        for t in workers:
+            t.start()
+        start = time.perf_counter()
+        barrier.wait()
+        for t in workers:
+            t.join()
+        best = min(best, time.perf_counter() - start)
+    return threads * nbytes / best / 1e9
+
+
+def _copy_after(barrier: threading.Barrier, dst: torch.Tensor, src: torch.Tensor) -> None:
+    barrier.wait()
+    dst.copy_(src)
+
+
 def measure(
     args: argparse.Namespace, url: str, mode: str, sub: str | None, workers: int,
     progress: RunProgress, label: str,

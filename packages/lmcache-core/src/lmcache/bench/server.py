@@ -29,6 +29,7 @@ from lmcache.bench._server_measure import (
     RunProgress,
     measure,
     memcpy_gbps,
+    parallel_memcpy_gbps,
     run_sizes,
 )
 from lmcache.bench._server_metrics import run_metrics_overhead
@@ -68,7 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--chunks", type=int, default=8, help="chunks per request")
     parser.add_argument("--iters", type=int, default=4, help="timed requests per worker")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="worker counts to measure (aggregate throughput; printed as a scaling table)",
+    )
     parser.add_argument(
         "--paths",
         nargs="+",
@@ -117,10 +124,14 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         stop_server(proc)
     _print_table(rows, request_bytes)
+    scaling = _scaling(rows, args.workers, request_bytes)
     raw_zmq = _inline_vs_raw_zmq(args, rows, chunk_bytes)
     if args.json:
         results = [asdict(r) | _ratios(r) for r in rows]
-        write_json(args.json, "server", args, results, **({"raw_zmq": raw_zmq} if raw_zmq else {}))
+        extra: dict[str, Any] = {"scaling": scaling} if scaling else {}
+        if raw_zmq:
+            extra["raw_zmq"] = raw_zmq
+        write_json(args.json, "server", args, results, **extra)
     if args.plot:
         _plot(rows, args.plot)
     return 0
@@ -154,6 +165,39 @@ def _inline_vs_raw_zmq(
                 "retrieve_x_zmq": retrieve_x,
             }
         )
+    return out
+
+
+def _scaling(rows: list[Row], counts: list[int], request_bytes: int) -> list[dict[str, Any]]:
+    """Aggregate GB/s per path and worker count next to N threads copying the same bytes
+    (measured now, after the paths): printed side by side, returned for the JSON."""
+    counts = sorted(set(counts))
+    if len(counts) < 2:
+        return []
+    memcpy = {n: parallel_memcpy_gbps(request_bytes, n) for n in counts}
+    cells = "".join(f" {f'x{n} st/rt GB/s':>17}" for n in counts)
+    print(f"\nscaling (aggregate of all workers){cells}")
+    print(f"{'memcpy, N threads':<34}" + "".join(f" {memcpy[n]:>17.2f}" for n in counts))
+    out: list[dict[str, Any]] = []
+    for path in dict.fromkeys(r.path for r in rows):
+        by_count = {r.workers: r for r in rows if r.path == path}
+        line = ""
+        for n in counts:
+            row = by_count.get(n)
+            line += f" {f'{row.store_gbps:.2f}/{row.retrieve_gbps:.2f}' if row else '-':>17}"
+            if row is not None:
+                out.append(
+                    {
+                        "path": path,
+                        "workers": n,
+                        "store_gbps": row.store_gbps,
+                        "retrieve_gbps": row.retrieve_gbps,
+                        "memcpy_threads_gbps": memcpy[n],
+                        "store_x_memcpy_threads": row.store_gbps / memcpy[n],
+                        "retrieve_x_memcpy_threads": row.retrieve_gbps / memcpy[n],
+                    }
+                )
+        print(f"{path:<34}{line}")
     return out
 
 

@@ -10,8 +10,9 @@ frame (see :mod:`.inline_frames`).  This replaces upstream's pickle sub-path.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -24,8 +25,12 @@ from lmcache.v1.multiprocess.transfer_context.base import (
     _failed,
     _tensor_list,
 )
+from lmcache.v1.multiprocess.transfer_context import inline_frames
 from lmcache.v1.multiprocess.transfer_context.inline_frames import (
     StagingBuffers,
+    chunk_groups,
+    pipelined_retrieve,
+    pipelined_store,
     receive_retrieve_frames,
     send_store_frames,
 )
@@ -62,6 +67,22 @@ def _requested_sub_path(explicit: str | None) -> str:
             f"{SUB_PATH_INLINE}"
         )
     return value
+
+
+def map_server_pool(path: str, size: int) -> torch.Tensor:
+    """The server's shared-memory pool as a byte tensor, its page tables filled at once.
+
+    The server touched every page already, but each process faults the pages into its own
+    page tables on first access: without ``MAP_POPULATE`` those minor faults (one per 4 KiB)
+    landed inside every store into a fresh slot and cost more than the copy itself.
+    """
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    with open(path, "r+b") as file:
+        if os.fstat(file.fileno()).st_size < size:
+            raise OSError(f"{path} is smaller than the pool size {size} the server announced")
+        buffer = mmap.mmap(file.fileno(), size, flags=flags)
+    # The tensor keeps the mapping alive; it is unmapped when the last view is gone.
+    return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 class EngineDrivenTransferContext(TransferContext):
@@ -146,7 +167,7 @@ class EngineDrivenTransferContext(TransferContext):
             return SUB_PATH_INLINE
         try:
             path = os.path.join(_SHM_DIR, shm_name.lstrip("/"))
-            self._pool = torch.from_file(path, shared=True, size=pool_size, dtype=torch.uint8)
+            self._pool = map_server_pool(path, pool_size)
         except (OSError, RuntimeError) as exc:
             if self._requested == SUB_PATH_SHM:
                 raise ValueError(
@@ -224,6 +245,15 @@ class EngineDrivenTransferContext(TransferContext):
     def _store(self, key: IPCCacheServerKey, block_ids: list[list[int]]) -> bool:
         assert self.layout is not None
         spans, ids = self._plan(key, block_ids)
+        if self._pipelined_inline(spans):
+            try:
+                gather = self._gather_scatter(TransferDirection.D2H)
+                return pipelined_store(
+                    self.req_client, key, self.instance_id, self.layout, self.chunk_size,
+                    spans, ids, self._staging_buffers(), gather,
+                )  # fmt: skip
+            except Exception as exc:  # the client's ServerError (worker sits above us)
+                self._note_unframed_server(exc)  # an earlier lmcache-core: msgpack below
         context = self.req_client.prepare_store(key, self.instance_id).context
         indices = [int(i) for i in context.get("chunk_indices", [])]
         if not indices:
@@ -263,6 +293,24 @@ class EngineDrivenTransferContext(TransferContext):
     def _framed_inline(self) -> bool:
         return self._framed and hasattr(self.req_client, "call_bulk")
 
+    def _pipelined_inline(self, spans: list[ChunkSpan]) -> bool:
+        """Inline transfers of more than one chunk group go as pipelined requests."""
+        assert self.layout is not None
+        if self.sub_path != SUB_PATH_INLINE or not self._framed_inline():
+            return False
+        if not hasattr(self.req_client, "call_bulk_pipelined"):
+            return False
+        nbytes = self.layout.chunk_nbytes(self.chunk_size)
+        return len(chunk_groups(len(spans), nbytes, inline_frames.PIPELINE_GROUP_BYTES)) > 1
+
+    def _gather_scatter(
+        self, direction: TransferDirection
+    ) -> Callable[[list[torch.Tensor], list[int], int], None]:
+        def transfer(objects: list[torch.Tensor], ids: list[int], skip_blocks: int) -> None:
+            self._transfer(objects, ids, direction, skip_blocks)
+
+        return transfer
+
     def _staging_buffers(self) -> StagingBuffers:
         assert self.layout is not None
         if self._staging is None:
@@ -297,6 +345,14 @@ class EngineDrivenTransferContext(TransferContext):
         assert self.layout is not None
         spans, ids = self._plan(key, block_ids)
         skip_blocks = max(0, int(skip)) // self.layout.block_size
+        if self._pipelined_inline(spans):
+            try:
+                return pipelined_retrieve(
+                    self.req_client, key, self.instance_id, self.layout, self.chunk_size,
+                    spans, ids, skip_blocks, self._gather_scatter(TransferDirection.H2D),
+                )  # fmt: skip
+            except Exception as exc:  # the client's ServerError (worker sits above us)
+                self._note_unframed_server(exc)
         if self.sub_path == SUB_PATH_INLINE and self._framed_inline():
             try:
                 objects = receive_retrieve_frames(

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -172,6 +172,50 @@ class MPClient:
             reply = self._await_reply((uid,), operation, wait_s, copy=False)
         head = [frame.bytes for frame in reply[:3]]
         return self._decode_reply(head, operation, response_type), [f.buffer for f in reply[3:]]
+
+    def call_bulk_pipelined(
+        self,
+        operation: str,
+        count: int,
+        make_request: Callable[[int], tuple[Sequence[Any], Sequence[Any]]],
+        on_reply: Callable[[int, Any, list[memoryview]], None],
+        *,
+        depth: int = 2,
+        timeout: float | None = None,
+    ) -> None:
+        """``count`` framed requests of ``operation`` with up to ``depth`` in flight.
+
+        ``make_request(i)`` returns request ``i``'s (payloads, data frames) and runs while
+        the earlier requests are on the wire, so preparing the next request's bytes overlaps
+        sending the current one's; ``on_reply(i, response, frames)`` runs as each reply
+        arrives (in any order).  The frames of request ``i`` are sent zero-copy: they must
+        not change until its reply was handed to ``on_reply``.  An exception stops the
+        pipeline; the replies still in flight are discarded by later calls.
+        """
+        if depth < 1:
+            raise ValueError(f"pipeline depth must be >= 1, got {depth}")
+        spec = protocol.RPC_SPECS.get(operation)
+        response_type = spec.response_type if spec is not None else Any
+        wait_s = self.timeout if timeout is None else timeout
+        with self._lock:
+            if self._closed:
+                raise MPClientError("the MP client is closed")
+            in_flight: dict[int, int] = {}
+            sent = 0
+            while sent < count or in_flight:
+                if sent < count and len(in_flight) < depth:
+                    payloads, frames = make_request(sent)
+                    uid = next(self._uids)
+                    request = protocol.encode_request(uid, operation, payloads)
+                    self._sock.send_multipart([*request, *frames], copy=False)
+                    in_flight[uid] = sent
+                    sent += 1
+                    continue
+                reply = self._await_reply(tuple(in_flight), operation, wait_s, copy=False)
+                index = in_flight.pop(protocol.decode(reply[0].buffer, int))
+                head = [frame.bytes for frame in reply[:3]]
+                response = self._decode_reply(head, operation, response_type)
+                on_reply(index, response, [frame.buffer for frame in reply[3:]])
 
     def _await_reply(
         self, uids: tuple[int, ...], operation: str, wait_s: float, copy: bool = True
