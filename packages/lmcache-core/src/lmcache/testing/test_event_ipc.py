@@ -58,7 +58,7 @@ def shared(device: str) -> Iterator[torch.Tensor]:
 
 def _record_after_work(spec: Any, events: Any, tensor: torch.Tensor, device: str) -> Any:
     """Queue (slow work, then) the write of a pattern on the current stream; record after."""
-    event = events.create_event(torch.device(device))
+    event = events.create_event(tensor.device)
     pending = delay_current_stream(spec, device)
     tensor.copy_(pattern(tuple(tensor.shape), tensor.dtype, device, seed=3))
     events.record_event(event, None)
@@ -79,9 +79,9 @@ def test_recorded_event_exports_and_completes_after_the_work(
 ) -> None:
     # Imported only by another process: CUDA-style handles cannot be opened where created.
     event = _record_after_work(available_spec, events, shared, device)
-    handle = events.export_event(event, torch.device(device))
+    handle = events.export_event(event, shared.device)
     assert isinstance(handle, bytes)
-    events.synchronize_event(event, torch.device(device))
+    events.synchronize_event(event, shared.device)
     assert events.query_event(event) is True
     expected = pattern(SHAPE, torch.float16, device, seed=3)
     assert digest(shared) == digest(expected)
@@ -123,7 +123,7 @@ def test_other_process_waiting_on_the_event_sees_the_work(
     expected = digest(pattern(SHAPE, torch.float16, device, seed=3))
     seen: dict[str, str] = {}
     try:
-        setup = {"backend": available_spec.backend_name, "device": device}
+        setup = {"backend": available_spec.backend_name, "device": str(shared.device)}
         _send(proc.stdin, {**setup, "wrapper": blob.hex()})
         assert _receive(proc, stderr) == {"ready": True}
         for wait in ("stream", "host"):  # a device wait, then a host wait
@@ -131,7 +131,7 @@ def test_other_process_waiting_on_the_event_sees_the_work(
             digest(shared)  # the zeros are in place before the hand-over
             # The consumer has the memory mapped and waits for the handle: work starts now.
             event = _record_after_work(available_spec, events, shared, device)
-            handle = events.export_event(event, torch.device(device))
+            handle = events.export_event(event, shared.device)
             _send(proc.stdin, {"event": handle.hex(), "wait": wait})
             seen[wait] = _receive(proc, stderr)["digest"]
         _send(proc.stdin, {})
