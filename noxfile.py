@@ -287,6 +287,45 @@ def _run_suite(session: nox.Session, *extra_paths: str) -> None:
     )
 
 
+# Asks the session's interpreter whether a backend is registered and available (the
+# answer is tagged: registry warnings about other plugins share the captured output).
+_BACKEND_STATUS = (
+    "import sys; from lmcache.v1.platform.registry import get_registry; "
+    "b = get_registry().backends.get(sys.argv[1]); "
+    "print('backend-status:', 'unregistered' if b is None else 'available' "
+    "if b.spec.is_available() else 'unavailable')"
+)
+
+
+def _declared_backends(plugin_dir: Path) -> list[str]:
+    """The backend names a plugin's ``lmcache.device_plugins`` entry points declare."""
+    project = nox.project.load_toml(plugin_dir / "pyproject.toml")["project"]
+    return sorted(project.get("entry-points", {}).get("lmcache.device_plugins", {}))
+
+
+def _run_conformance(session: nox.Session, plugin_dir: Path) -> None:
+    """``pytest --pyargs lmcache.testing`` against each backend the plugin declares, as a
+    vendor runs it from its own repository (a fresh folder, the installed wheels)."""
+    workdir = session.create_tmp()
+    for name in _declared_backends(plugin_dir):
+        output = str(session.run("python", "-c", _BACKEND_STATUS, name, silent=True))
+        if "backend-status:" not in output:
+            session.error(f"cannot query backend {name!r}: {output[-2000:]}")
+        status = output.split("backend-status:", 1)[1].split()[0]
+        if status == "unregistered":
+            session.error(f"{plugin_dir.name} declares backend {name!r}, but it is not registered")
+        if status != "available":
+            session.warn(f"conformance suite SKIPPED for backend {name!r}: not available here")
+            continue
+        session.log(f"conformance suite for backend {name!r} ({plugin_dir.name})")
+        session.chdir(workdir)
+        session.run(
+            "python", "-m", "pytest", "--pyargs", "lmcache.testing", "-p", "no:cacheprovider",
+            "-ra", "--lmcache-backend", name,
+        )  # fmt: skip
+    session.chdir(ROOT)
+
+
 @nox.session
 def build(session: nox.Session) -> None:
     """Build every distributable wheel into dist/ (through the wheel cache)."""
@@ -318,6 +357,8 @@ def tests(session: nox.Session, plugin: str | None) -> None:
         # vendor plugin cannot change their outcome, so they run once, in tests(core).
         extra += ["-m", "not scaffold"]
     _run_suite(session, *extra)
+    if plugin is not None:
+        _run_conformance(session, ROOT / "plugins" / plugin)
 
 
 @nox.session

@@ -100,44 +100,6 @@ def test_matches_baseline(native_ops: ModuleType, case: dict[str, Any]) -> None:
     assert_same(objects, ref_objects)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fmt", ALL_FORMATS)
-def test_every_format_both_directions_round_trip(
-    native_ops: ModuleType, fmt: int, dtype: torch.dtype
-) -> None:
-    g = Geometry(nl=3, nb=9, bs=4, nh=2, hs=8)
-    new = random_factory(dtype, fmt)
-    cache = build_cache(fmt, g, new)
-    ids = [7, 2, -1, 5, 0, 8]
-    case = {
-        "fmt": fmt, "g": g, "dtype": dtype, "bpo": 4, "ids": ids, "skip": 1,
-        "paged_mode": "tensors", "object_mode": "tensors", "ids_as_list": True,
-    }  # fmt: skip
-    objects = [torch.zeros(g.object_shape(fmt, 16), dtype=dtype) for _ in range(2)]
-    ref_objects = clone(objects)
-    for direction, op_objects, op in (
-        (TransferDirection.D2H, objects, native_ops.multi_layer_block_kv_transfer),
-        (TransferDirection.D2H, ref_objects, torch_ops.multi_layer_block_kv_transfer),
-    ):
-        _run(op, {**case, "direction": direction}, cache, op_objects)
-    assert_same(objects, ref_objects)
-    restored, ref_restored = clone(cache), clone(cache)
-    for target in (restored, ref_restored):
-        for t in (t for t in _flat(target)):
-            t.zero_()
-    _run(native_ops.multi_layer_block_kv_transfer, {**case, "direction": TransferDirection.H2D},
-         restored, objects)  # fmt: skip
-    _run(torch_ops.multi_layer_block_kv_transfer, {**case, "direction": TransferDirection.H2D},
-         ref_restored, ref_objects)  # fmt: skip
-    assert_same(restored, ref_restored)
-
-
-def _flat(cache: Any) -> list[torch.Tensor]:
-    from kv_layouts import flat_tensors
-
-    return flat_tensors(cache)
-
-
 def test_layers_carved_from_one_allocation(native_ops: ModuleType) -> None:
     """vLLM allocates every layer from one buffer: strided per-layer views, one kernel."""
     g = Geometry(nl=4, nb=6, bs=16, nh=2, hs=8)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import shutil
@@ -41,17 +40,6 @@ SELECTION = """
 def _json(proc: subprocess.CompletedProcess[str]) -> Any:
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_entry_point_is_declared_with_the_backend_name() -> None:
-    eps = importlib.metadata.entry_points(group="lmcache.device_plugins")
-    ours = [ep for ep in eps if ep.value == "lmcache_cpu.device:CpuNativeDeviceSpec"]
-    assert len(ours) == 1
-    spec_cls = ours[0].load()
-    spec = spec_cls()
-    assert ours[0].name == spec.backend_name == "cpu_native"
-    assert spec.device_type == "cpu" and spec.torch_module_name == "cpu"
-    assert spec.priority > 0 and spec.is_available()
 
 
 def test_importing_the_spec_loads_no_native_code(run_python: RunPython) -> None:

@@ -56,9 +56,9 @@ def available_spec(spec: Any) -> Any:
 @pytest.fixture(scope="session")
 def device(available_spec: Any) -> str:
     """Torch device of the backend's memory (host-memory backends use ``cpu``)."""
-    if available_spec.torch_module_name == "cpu":
-        return "cpu"
-    return str(available_spec.device_type)
+    from lmcache.testing.devices import torch_device_of
+
+    return torch_device_of(available_spec)
 
 
 @pytest.fixture(scope="session")
