@@ -4,9 +4,10 @@ Sessions (``nox -l`` lists them):
 
 * ``build`` -- wheels for lmcache-core and every ``plugins/*`` folder into ``dist/``.
 * ``tests(core)`` -- lmcache-core wheel + registry test plugins + the conformance suite.
-* ``tests(lmcache-xyz)`` -- the same plus one vendor plugin wheel and that
-  plugin's own tests: a plugin's test suite *is* the core conformance suite run with the
-  plugin installed.  Plugins are discovered from ``plugins/*``, never listed by hand.
+* ``tests(lmcache-xyz)`` -- one vendor plugin wheel on top: ``lmcache plugin check`` and the
+  ``lmcache.testing`` conformance suite for each backend it declares, its own tests, and the
+  device-facing part of the core suite.  Plugins are discovered from ``plugins/*``, never
+  listed by hand.
 * ``lint`` (ruff), ``typecheck`` (mypy), ``docs`` (mkdocs --strict).
 * ``vllm-e2e`` and ``interop-upstream`` -- the real vLLM and upstream-lmcache checks.
 * ``upstream-unit`` -- upstream lmcache 0.5.6's own unit tests (from its sdist) against the
@@ -337,28 +338,60 @@ def build(session: nox.Session) -> None:
         session.log(f"dist/{wheel.name}")
 
 
+# Core tests that never reach the device layer an installed vendor plugin changes: the
+# storage tiers, the CLI's config handling, docs, bench output, the vLLM connector (run with
+# the core alone and again in vllm-e2e) and the conformance suite's own tests (a plugin
+# session runs the suite itself, below).  They run once, in tests(core); a plugin session
+# runs the rest of tests/ (platform, multiprocess server and transfer paths, memory,
+# registry) with the plugin installed.
+DEVICE_NEUTRAL_TESTS = (
+    "tests/v1/storage_backend",
+    "tests/v1/config",
+    "tests/cli",
+    "tests/docs",
+    "tests/bench",
+    "tests/testing",
+    "tests/integration",
+)
+
+
+def _plugin_suite_args(plugin_dir: Path) -> list[str]:
+    """pytest arguments of tests(<plugin>): the device-facing core tests plus the plugin's
+    own tests (the scaffold tests build an external plugin against the core alone)."""
+    args = [f"--ignore={path}" for path in DEVICE_NEUTRAL_TESTS if (ROOT / path).exists()]
+    if (plugin_dir / "tests").is_dir():
+        args.append(str(plugin_dir / "tests"))
+    return [*args, "-m", "not scaffold"]
+
+
+def _check_declared_backends(session: nox.Session, plugin_dir: Path) -> None:
+    """``lmcache plugin check NAME`` for each backend the plugin declares: the vendor
+    kit's certification of the installed wheel (entry point, import cost, device types,
+    transfer-mode needs, priority ties)."""
+    for name in _declared_backends(plugin_dir):
+        session.run("python", "-m", "lmcache.cli.main", "plugin", "check", name)
+
+
 @nox.session
 @nox.parametrize(
     "plugin", [None, *[p.name for p in PLUGINS]], ids=["core", *[p.name for p in PLUGINS]]
 )
 def tests(session: nox.Session, plugin: str | None) -> None:
-    """The conformance suite against the core wheel, optionally with one plugin wheel."""
+    """The core suite against the core wheel; with a plugin wheel installed, its
+    device-facing part, the plugin's own tests and the conformance suite for each backend
+    the plugin declares."""
     projects = [CORE, *TEST_PLUGINS]
-    extra: list[str] = []
-    if plugin is not None:
-        plugin_dir = ROOT / "plugins" / plugin
+    plugin_dir = ROOT / "plugins" / plugin if plugin is not None else None
+    if plugin_dir is not None:
         projects.append(plugin_dir)
-        if (plugin_dir / "tests").is_dir():
-            extra.append(str(plugin_dir / "tests"))
     _install_wheels(session, projects)
     session.run("python", "-m", "lmcache.cli.main", "devices")
-    if plugin is not None:
-        # The scaffold tests build an external plugin against the core alone: an installed
-        # vendor plugin cannot change their outcome, so they run once, in tests(core).
-        extra += ["-m", "not scaffold"]
-    _run_suite(session, *extra)
-    if plugin is not None:
-        _run_conformance(session, ROOT / "plugins" / plugin)
+    if plugin_dir is None:
+        _run_suite(session)
+        return
+    _check_declared_backends(session, plugin_dir)
+    _run_suite(session, *_plugin_suite_args(plugin_dir))
+    _run_conformance(session, plugin_dir)
 
 
 @nox.session

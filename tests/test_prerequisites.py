@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prerequisites import (
     missing_prerequisite,
@@ -68,3 +70,19 @@ def test_own_gate_ignores_ci(local: pytest.MonkeyPatch) -> None:
     local.setenv("LMCACHE_TEST_REQUIRE_DEMO", "1")
     with pytest.raises(pytest.fail.Exception, match="LMCACHE_TEST_REQUIRE_DEMO=1"):
         missing_prerequisite("demo", "absent by design", required_env="LMCACHE_TEST_REQUIRE_DEMO")
+
+
+def test_every_test_that_needs_vllm_carries_the_vllm_marker() -> None:
+    """vllm-e2e runs ``-m vllm`` only: a vLLM test without the marker would run nowhere
+    but tests(core), where it skips."""
+    root = Path(__file__).parent
+    needs_vllm = ('required_env="LMCACHE_TEST_REQUIRE_VLLM"', "from test_server_restart import")
+    unmarked = [
+        path.relative_to(root).as_posix()
+        for path in sorted(root.rglob("test_*.py"))
+        if path != Path(__file__)
+        and any(needle in path.read_text() for needle in needs_vllm)
+        and "pytestmark = pytest.mark.vllm" not in path.read_text()
+    ]
+    assert len(list(root.rglob("test_server_restart.py"))) == 1
+    assert unmarked == []

@@ -287,3 +287,7 @@ def test_logging_is_quiet_for_an_empty_interval(caplog: pytest.LogCaptureFixture
         lines: list[str] = []
         logging_.log(lambda fmt, *args: lines.append(fmt % args))
     assert lines == []
+
+
+# Needs vLLM: the vllm-e2e nox session runs exactly these files (-m vllm).
+pytestmark = pytest.mark.vllm

@@ -123,3 +123,7 @@ def test_autostart_starts_one_server_for_both_roles_and_stops_it(
         scheduler.shutdown()
         worker.shutdown()
     assert owned is not None and not owned.running
+
+
+# Needs vLLM: the vllm-e2e nox session runs exactly these files (-m vllm).
+pytestmark = pytest.mark.vllm

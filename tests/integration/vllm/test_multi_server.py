@@ -123,3 +123,7 @@ def test_two_servers_one_late_then_killed_and_restarted(
         assert engine.lookup(on_a) == STORED
     finally:
         engine.close()
+
+
+# Needs vLLM: the vllm-e2e nox session runs exactly these files (-m vllm).
+pytestmark = pytest.mark.vllm

@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from prerequisites import require_module
 
 require_module(
@@ -190,3 +191,7 @@ def test_request_reset_after_a_failed_async_load_is_recomputed_without_lmcache()
     meta = side.build_connector_meta(_output([("g", BLOCKS, 0, 100)]))
     assert meta.loads == []
     assert side._trackers["g"].state is LMCacheMPRequestState.READY
+
+
+# Needs vLLM: the vllm-e2e nox session runs exactly these files (-m vllm).
+pytestmark = pytest.mark.vllm

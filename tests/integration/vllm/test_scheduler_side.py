@@ -13,6 +13,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from prerequisites import require_module
 
 require_module(
@@ -112,3 +113,7 @@ def test_lookup_unanswered_past_the_bound_is_a_miss(monkeypatch: Any) -> None:
     assert side.get_num_new_matched_tokens(request, 0) == (None, False)
     clock[0] += scheduler_side.LOOKUP_TIMEOUT_S + 0.1
     assert side.get_num_new_matched_tokens(request, 0) == (0, False)
+
+
+# Needs vLLM: the vllm-e2e nox session runs exactly these files (-m vllm).
+pytestmark = pytest.mark.vllm

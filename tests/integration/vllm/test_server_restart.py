@@ -364,3 +364,7 @@ def test_kv_events_reach_vllm_and_are_withdrawn_after_a_restart(
         assert sorted(h for e in removed for h in e.block_hashes) == sorted(hashes)
     finally:
         engine.close()
+
+
+# Needs vLLM: the vllm-e2e nox session runs exactly these files (-m vllm).
+pytestmark = pytest.mark.vllm

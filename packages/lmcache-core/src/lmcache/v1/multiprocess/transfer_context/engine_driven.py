@@ -19,13 +19,13 @@ from typing import Any
 import msgspec
 import torch
 
+from lmcache.v1.multiprocess.transfer_context import inline_frames
 from lmcache.v1.multiprocess.transfer_context.base import (
     TransferContext,
     _done,
     _failed,
     _tensor_list,
 )
-from lmcache.v1.multiprocess.transfer_context import inline_frames
 from lmcache.v1.multiprocess.transfer_context.inline_frames import (
     StagingBuffers,
     chunk_groups,
