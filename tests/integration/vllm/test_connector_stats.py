@@ -35,7 +35,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 
 from lmcache.integration.vllm.connector_stats import (  # noqa: E402
     LMCacheMPConnectorStats,
-    StatsRecorder,
+    take_stats,
 )
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector  # noqa: E402
 from lmcache.integration.vllm.mp_config import parse_extra_config  # noqa: E402
@@ -44,6 +44,7 @@ from lmcache.integration.vllm.scheduler_state import (  # noqa: E402
     LMCacheMPRequestMetadata,
     LoadStoreOp,
 )
+from lmcache.integration.vllm.stats_recorder import StatsRecorder  # noqa: E402
 from lmcache.integration.vllm.vllm_kv_layout import DetectedLayout  # noqa: E402
 from lmcache.integration.vllm.worker_side import WorkerSide, _bytes_per_token  # noqa: E402
 from lmcache.v1.platform.ops_types import EngineKVFormat  # noqa: E402
@@ -62,7 +63,7 @@ def _worker_stats(loaded_bytes: int, latency: float) -> LMCacheMPConnectorStats:
     recorder = StatsRecorder()
     recorder.add(loaded_tokens=64, loaded_bytes=loaded_bytes)
     recorder.observe_load(latency)
-    taken = recorder.take()
+    taken = take_stats(recorder)
     assert taken is not None
     return taken
 
@@ -77,11 +78,11 @@ def _runner_output(stats: LMCacheMPConnectorStats | None) -> ModelRunnerOutput:
 
 def test_recorder_hands_over_an_interval_once() -> None:
     recorder = StatsRecorder()
-    assert recorder.take() is None  # nothing recorded: vLLM gets None, sends nothing
+    assert take_stats(recorder) is None  # nothing recorded: vLLM gets None, sends nothing
     recorder.add(lookups=1, lookup_tokens=100, hit_tokens=64)
-    taken = recorder.take()
+    taken = take_stats(recorder)
     assert taken is not None and taken.data["hit_tokens"] == 64
-    assert recorder.take() is None  # the next interval starts empty
+    assert take_stats(recorder) is None  # the next interval starts empty
     with pytest.raises(KeyError, match="unknown"):
         recorder.add(no_such_counter=1)
 
@@ -99,7 +100,7 @@ def test_vllm_sums_the_tp_workers_and_adds_the_scheduler() -> None:
     assert isinstance(workers, LMCacheMPConnectorStats)
     scheduler = StatsRecorder()
     scheduler.add(lookups=1, lookup_tokens=100, hit_tokens=64)
-    scheduler_stats = scheduler.take()
+    scheduler_stats = take_stats(scheduler)
     assert scheduler_stats is not None and not scheduler_stats.is_empty()
     total = workers.aggregate(scheduler_stats)
     assert total.data["loaded_bytes"] == 4000
@@ -116,7 +117,7 @@ def test_vllm_logging_aggregates_an_interval_then_resets() -> None:
     second = StatsRecorder()
     second.add(lookups=1, lookup_tokens=100, stored_bytes=7)
     for recorder in (first, second):
-        taken = recorder.take()
+        taken = take_stats(recorder)
         assert taken is not None
         logging_.observe(taken.to_dict())  # what reaches the API server: a plain dict
     lines: list[str] = []
@@ -159,7 +160,7 @@ def test_vllm_prometheus_metrics_per_engine() -> None:
     recorder = StatsRecorder()
     recorder.add(lookups=2, lookup_tokens=200, hit_tokens=96, loaded_bytes=4096)
     recorder.observe_load(0.004)
-    taken = recorder.take()
+    taken = take_stats(recorder)
     assert taken is not None
     prom.observe(taken.to_dict(), engine_idx=1)
     prom.observe(taken.to_dict(), engine_idx=1)
@@ -211,7 +212,7 @@ def test_scheduler_counts_each_lookup_once() -> None:
         assert side.get_num_new_matched_tokens(request, 0) == (64, False)
     finally:
         side.close()
-    taken = side.stats.take()
+    taken = take_stats(side.stats)
     assert taken is not None
     assert (taken.data["lookups"], taken.data["lookup_tokens"]) == (1, 100)
     assert taken.data["hit_tokens"] == 64
@@ -256,7 +257,7 @@ def test_worker_counts_bytes_tokens_and_latency() -> None:
     worker = _worker(ok=True)
     worker.load([_item(0, 64, skip=32)])
     worker.store([_item(64, 96)])
-    taken = worker.stats.take()
+    taken = take_stats(worker.stats)
     assert taken is not None
     assert (taken.data["loaded_tokens"], taken.data["loaded_bytes"]) == (32, 320)
     assert (taken.data["stored_tokens"], taken.data["stored_bytes"]) == (32, 320)
@@ -267,7 +268,7 @@ def test_worker_counts_failures() -> None:
     worker = _worker(ok=False)
     worker.load([_item(0, 64)])
     worker.store([_item(0, 32)])
-    taken = worker.stats.take()
+    taken = take_stats(worker.stats)
     assert taken is not None
     assert (taken.data["failed_loads"], taken.data["failed_stores"]) == (1, 1)
     assert taken.data["loaded_bytes"] == 0 and taken.data["load_seconds"] == []

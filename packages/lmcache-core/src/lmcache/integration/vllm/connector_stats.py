@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import threading
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
@@ -29,30 +28,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
+from lmcache.integration.vllm.stats_recorder import (
+    COUNTERS,
+    LOAD_SECONDS,
+    StatsRecorder,
+    empty_data,
+)
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-# Counters (summed across workers and steps).  Name -> help text of its Prometheus metric.
-COUNTERS: dict[str, str] = {
-    "lookups": "Requests whose prefix was looked up in LMCache (a failed lookup counts as a miss).",
-    "lookup_tokens": "Prompt tokens looked up in LMCache.",
-    "hit_tokens": "Prompt tokens found in LMCache and usable by vLLM (lookup hits).",
-    "loaded_tokens": "Tokens loaded from LMCache into vLLM's KV cache, summed over TP workers.",
-    "loaded_bytes": "KV bytes loaded from LMCache, summed over TP workers.",
-    "stored_tokens": "Tokens stored into LMCache, summed over TP workers.",
-    "stored_bytes": "KV bytes stored into LMCache, summed over TP workers.",
-    "failed_loads": "Loads that failed (vLLM recomputes those tokens), per TP worker.",
-    "failed_stores": "Stores that failed (a future miss), per TP worker.",
-}
-LOAD_SECONDS = "load_seconds"
 PROM_PREFIX = "vllm:lmcache_mp_"
 LOAD_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-def _empty_data() -> dict[str, Any]:
-    data: dict[str, Any] = {name: 0 for name in COUNTERS}
-    data[LOAD_SECONDS] = []
-    return data
 
 
 @dataclasses.dataclass
@@ -64,11 +51,11 @@ class LMCacheMPConnectorStats(KVConnectorStats):  # type: ignore[misc]
 
     def __post_init__(self) -> None:
         # A payload from another process may omit names (an empty interval, an older peer).
-        for name, value in _empty_data().items():
+        for name, value in empty_data().items():
             self.data.setdefault(name, value)
 
     def reset(self) -> None:
-        self.data = _empty_data()
+        self.data = empty_data()
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         """Adds ``other`` into this one (vLLM keeps using the returned object)."""
@@ -99,31 +86,11 @@ class LMCacheMPConnectorStats(KVConnectorStats):  # type: ignore[misc]
         return not self.data[LOAD_SECONDS] and not any(self.data[name] for name in COUNTERS)
 
 
-class StatsRecorder:
-    """Thread-safe counters of one connector side; ``take`` starts a new interval."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._current = LMCacheMPConnectorStats()
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, value in counts.items():
-                if name not in COUNTERS:
-                    raise KeyError(f"unknown LMCache connector counter {name!r}")
-                self._current.data[name] += int(value)
-
-    def observe_load(self, seconds: float) -> None:
-        with self._lock:
-            self._current.data[LOAD_SECONDS].append(float(seconds))
-
-    def take(self) -> LMCacheMPConnectorStats | None:
-        """What was recorded since the last call, or None when nothing was."""
-        with self._lock:
-            if self._current.is_empty():
-                return None
-            taken, self._current = self._current, LMCacheMPConnectorStats()
-        return taken
+def take_stats(recorder: StatsRecorder) -> LMCacheMPConnectorStats | None:
+    """What ``recorder`` recorded since the last call, as vLLM's stats object; None when
+    nothing was."""
+    payload = recorder.take()
+    return None if payload is None else LMCacheMPConnectorStats(data=payload)
 
 
 class LMCacheMPPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]

@@ -38,7 +38,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from lmcache.integration.vllm.autostart import AutostartedServer, ensure_local_server
-from lmcache.integration.vllm.connector_stats import LMCacheMPConnectorStats, LMCacheMPPromMetrics
+from lmcache.integration.vllm.connector_stats import (
+    LMCacheMPConnectorStats,
+    LMCacheMPPromMetrics,
+    take_stats,
+)
 from lmcache.integration.vllm.kv_events import KVEventFollower, LMCacheMPKVEvents, collect
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
 from lmcache.integration.vllm.mp_config import (
@@ -327,7 +331,7 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         """What this side recorded since vLLM last asked, over every server; None when
         nothing."""
         router = self._scheduler if self._role == KVConnectorRole.SCHEDULER else self._worker
-        taken = [stats for stats in (side.stats.take() for side in router.sides) if stats]
+        taken = [stats for stats in (take_stats(side.stats) for side in router.sides) if stats]
         if not taken:
             return None
         total = taken[0]

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from lmcache.integration.vllm.connector_stats import StatsRecorder
 from lmcache.integration.vllm.lookup_thread import LOOKUP_FAILED, LookupThread
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
@@ -35,6 +34,7 @@ from lmcache.integration.vllm.scheduler_state import (
     store_range,
     usable_hit_tokens,
 )
+from lmcache.integration.vllm.stats_recorder import StatsRecorder
 from lmcache.v1.multiprocess.wire.chunking import hit_chunks_to_tokens
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.worker.client import MPClientError

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from lmcache.integration.vllm.async_loads import AsyncLoader
-from lmcache.integration.vllm.connector_stats import StatsRecorder
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
 from lmcache.integration.vllm.scheduler_state import LMCacheMPRequestMetadata, blocks_of_range
+from lmcache.integration.vllm.stats_recorder import StatsRecorder
 from lmcache.integration.vllm.vllm_kv_layout import DetectedLayout, transfer_views
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.worker.client import ServerUnavailableError
