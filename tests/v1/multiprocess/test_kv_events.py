@@ -98,6 +98,7 @@ def served(tmp_path: Any) -> Iterator[tuple[MPServer, MPCacheServer]]:
     finally:
         server.request_stop()
         loop.join(15)
+        server.close()  # serve_forever only drains: the sockets, context and tiers end here
 
 
 def _l1_hashes(engine: MPCacheServer, model_name: str) -> set[bytes]:
@@ -109,12 +110,18 @@ def _prompt(seed: int, chunks: int) -> list[int]:
     return [seed * 1000 + i for i in range(chunks * CHUNK)]
 
 
+def _call(server: MPServer, operation: str, *payloads: Any) -> Any:
+    """One request on a client of its own, closed afterwards."""
+    with MPClient(server.endpoint) as client:
+        return client.call(operation, *payloads)
+
+
 def test_subscriber_rebuilds_the_l1_set_through_stores_evictions_and_clear(
     served: tuple[MPServer, MPCacheServer],
 ) -> None:
     server, engine = served
     model = f"ev-{uuid.uuid4().hex[:6]}"
-    assert KV_EVENT_CAPABILITY in MPClient(server.endpoint).call("get_experimental")
+    assert KV_EVENT_CAPABILITY in _call(server, "get_experimental")
     sub = Subscriber(server.endpoint, model)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -169,7 +176,8 @@ def test_subscriber_rebuilds_the_l1_set_through_stores_evictions_and_clear(
         assert sub.cached, "something must still be cached"
         assert hash_bytes(victim.chunk_hash) not in sub.cached
 
-        MPClient(server.endpoint).clear()
+        with MPClient(server.endpoint) as admin:
+            admin.clear()
         sub.catch_up()
         assert sub.cached == _l1_hashes(engine, model) == set()
     finally:
@@ -195,7 +203,7 @@ def test_stored_records_carry_tokens_and_parent_of_each_chunk(
         # the second chunk comes from a prefix the second store did not carry).
         assert worker.store(tokens, list(range(12)), 0, CHUNK)
         assert worker.store(tokens, list(range(12)), CHUNK, 3 * CHUNK)
-    batch: KVEventBatch = MPClient(server.endpoint).call("subscribe_kv_events", 1, model, 0, 100)
+    batch: KVEventBatch = _call(server, "subscribe_kv_events", 1, model, 0, 100)
     hashes = chunk_hashes(tokens, CHUNK)
     assert [r.kind for r in batch.events] == [KV_EVENT_KIND_STORED] * 3
     assert [r.seq for r in batch.events] == [1, 2, 3] and batch.next_cursor == 3
@@ -210,7 +218,7 @@ def test_stored_records_carry_tokens_and_parent_of_each_chunk(
     ]
     assert {r.medium for r in batch.events} == {"CPU"}
     # Another model's subscriber sees nothing of it.
-    other: KVEventBatch = MPClient(server.endpoint).call("subscribe_kv_events", 1, "other", 0, 9)
+    other: KVEventBatch = _call(server, "subscribe_kv_events", 1, "other", 0, 9)
     assert other.events == [] and not other.lost
 
 
@@ -218,10 +226,9 @@ def test_bad_subscription_arguments_get_typed_errors(
     served: tuple[MPServer, MPCacheServer],
 ) -> None:
     server, _engine = served
-    client = MPClient(server.endpoint)
     for cursor, max_events in ((-1, 10), (0, 0), (0, 1025)):
         with pytest.raises(ServerError) as info:
-            client.call("subscribe_kv_events", 1, "m", cursor, max_events)
+            _call(server, "subscribe_kv_events", 1, "m", cursor, max_events)
         assert info.value.code == "bad_payload"
 
 

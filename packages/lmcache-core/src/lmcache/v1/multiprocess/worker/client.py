@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_URL = "tcp://127.0.0.1:5555"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+
+def _release_socket(sock: zmq.Socket[Any], context: zmq.Context[Any] | None) -> None:
+    """Close ``sock`` at once and terminate ``context`` (None: a shared one, left open)."""
+    sock.close(linger=0)
+    if context is not None:
+        context.term()
 
 
 class MPClientError(RuntimeError):
@@ -98,6 +106,13 @@ class MPClient:
         self._sock.setsockopt(zmq.CONNECT_TIMEOUT, 5000)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         self._sock.connect(self.url)
+        # A client dropped without close(): garbage collection would finalize the context
+        # first (a cycle clears the weak socket list) and its term() would then block
+        # forever on the still-open socket, in whichever thread ran the collection.  The
+        # finalizer holds both and closes the socket before terminating the context.
+        self._release = weakref.finalize(
+            self, _release_socket, self._sock, self._ctx if self._own_context else None
+        )
         self._uids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
@@ -258,9 +273,7 @@ class MPClient:
             if self._closed:
                 return
             self._closed = True
-            self._sock.close(linger=0)
-            if self._own_context:
-                self._ctx.term()
+            self._release()
 
     def __enter__(self) -> MPClient:
         return self
