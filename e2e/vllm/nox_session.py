@@ -36,7 +36,16 @@ def run(session: Any, core_wheel: str | None = None) -> None:
     workdir = Path(session.create_tmp()) / "vllm-e2e"
     session.chdir(str(ROOT))
     session.run(
-        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "vllm", "tests/integration/vllm", env=env
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "vllm",
+        "tests/integration/vllm",
+        env=env,
     )
     session.run(
         "python",
