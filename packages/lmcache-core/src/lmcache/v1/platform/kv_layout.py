@@ -2,7 +2,9 @@
 
 Two engine layouts are understood from tensor shapes alone (per layer):
 ``[2, NB, BS, NH, HS]`` (vLLM flash-attention, ``NL_X_TWO_NB_BS_NH_HS``) and
-``[NB, BS, HS]`` (MLA, ``NL_X_NB_BS_HS``).  A chunk object is ``[2, NL, T, NH*HS]``
+``[NB, BS, HS]`` (MLA, ``NL_X_NB_BS_HS``); a worker that declares upstream's
+``layout_hints={"kv_layout": "HND"}`` (heads before block slots) is first re-viewed in that
+shape by :func:`as_nhd_view`.  A chunk object is ``[2, NL, T, NH*HS]``
 (``KV_2LTD``) or ``[1, NL, T, HS]`` (``KV_MLA_FMT``) for ``T = chunk_size`` tokens.
 
 This module sits in the platform layer (cache contexts need it) and so knows nothing of
@@ -21,7 +23,55 @@ from lmcache.v1.platform.dtype_names import dtype_to_str as dtype_name
 from lmcache.v1.platform.dtype_names import str_to_dtype as dtype_from_name
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
 
-__all__ = ["KVLayout", "dtype_from_name", "dtype_name"]
+__all__ = [
+    "HONORED_KV_LAYOUTS",
+    "KVLayout",
+    "as_nhd_view",
+    "declared_kv_layout",
+    "dtype_from_name",
+    "dtype_name",
+]
+
+# Upstream's ``LayoutHints["kv_layout"]`` names a cache context can honour by re-viewing
+# the engine's tensors (no copy) as ``[2, NB, BS, NH, HS]``.
+HONORED_KV_LAYOUTS = frozenset({"NHD", "HND"})
+
+
+def declared_kv_layout(layout_hints: object) -> str | None:
+    """The ``kv_layout`` a worker declared in upstream's ``layout_hints`` dict, if any."""
+    if not isinstance(layout_hints, dict):
+        return None
+    kv_layout = layout_hints.get("kv_layout")
+    if kv_layout is not None and not isinstance(kv_layout, str):
+        raise TypeError(f"layout_hints kv_layout must be a string, got {type(kv_layout).__name__}")
+    return kv_layout
+
+
+def as_nhd_view(tensor: torch.Tensor, kv_layout: str | None) -> torch.Tensor:
+    """One layer's KV tensor seen as ``[2, NB, BS, NH, HS]`` (MLA ``[NB, BS, HS]`` as is).
+
+    Sharing memory, so stores read and loads write the engine's own pages.  Without a
+    declared layout (or ``"NHD"``) the tensor is taken as it is; ``"HND"`` (heads before
+    block slots, e.g. vLLM on CPU) accepts ``[2, NB, NH, BS, HS]``, ``[NB, 2, NH, BS, HS]``
+    and the fused ``[NB, NH, BS, 2*HS]`` (K in the first half of the last axis).
+    """
+    if kv_layout in (None, "NHD") or tensor.dim() == 3:
+        return tensor
+    if kv_layout != "HND":
+        raise ValueError(
+            f"KV layout {kv_layout!r} is not supported; supported: {sorted(HONORED_KV_LAYOUTS)}"
+        )
+    shape = tuple(tensor.shape)
+    if len(shape) == 5 and shape[0] == 2:
+        return tensor.transpose(2, 3)
+    if len(shape) == 5 and shape[1] == 2:
+        return tensor.permute(1, 0, 3, 2, 4)
+    if len(shape) == 4 and shape[3] % 2 == 0:
+        return tensor.unflatten(3, (2, shape[3] // 2)).permute(3, 0, 2, 1, 4)
+    raise ValueError(
+        f"unsupported HND KV-cache layer shape {shape}: expected [2, NB, NH, BS, HS], "
+        "[NB, 2, NH, BS, HS] or [NB, NH, BS, 2*HS]"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,13 +28,11 @@ from lmcache.v1.platform.cache_context import (
     declared_device_type,
     resolve_lmcache_driven_device,
 )
+from lmcache.v1.platform.kv_layout import HONORED_KV_LAYOUTS, declared_kv_layout
 from lmcache.v1.platform.ops_types import TransferDirection
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 logger = logging.getLogger(__name__)
-
-# Upstream's ``LayoutHints["kv_layout"]`` names for the layouts we understand from shapes.
-_SUPPORTED_KV_LAYOUTS = frozenset({"NHD"})
 
 
 def _close_wrappers(kv_cache: list[Any]) -> None:
@@ -42,22 +40,31 @@ def _close_wrappers(kv_cache: list[Any]) -> None:
         wrapper.close()
 
 
-def _check_layout_hints(layout_hints: Any) -> None:
-    """Refuse a declared KV layout we would misread (we infer ``[2, NB, BS, NH, HS]``)."""
-    kv_layout = layout_hints.get("kv_layout") if isinstance(layout_hints, dict) else None
-    if kv_layout is not None and not isinstance(kv_layout, str):
-        raise ProtocolError(
-            ErrorCode.BAD_PAYLOAD,
-            f"register_kv_cache: layout_hints kv_layout must be a string, got "
-            f"{type(kv_layout).__name__}",
-        )
-    if kv_layout is not None and kv_layout not in _SUPPORTED_KV_LAYOUTS:
+def _declared_layout(layout_hints: Any) -> str | None:
+    """The declared ``kv_layout``, refused up front if no cache context could read it."""
+    try:
+        kv_layout = declared_kv_layout(layout_hints)
+    except TypeError as exc:
+        raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"register_kv_cache: {exc}") from None
+    _check_layout_honored(kv_layout, HONORED_KV_LAYOUTS, "this server")
+    return kv_layout
+
+
+def _check_layout_honored(kv_layout: str | None, honored: frozenset[str], reader: str) -> None:
+    """Refuse a declared KV layout ``reader`` would misread (never mis-slice blocks)."""
+    if kv_layout is not None and kv_layout not in honored:
         raise ProtocolError(
             ErrorCode.SHAPE_MISMATCH,
-            f"register_kv_cache: KV layout {kv_layout!r} is not supported; this server "
-            f"reads per-layer KV caches as NHD ([2, num_blocks, block_size, num_heads, "
-            f"head_size]) or MLA ([num_blocks, block_size, head_size])",
+            f"register_kv_cache: KV layout {kv_layout!r} is not supported by {reader} "
+            f"(it reads {sorted(honored)}); per-layer caches are read as [2, num_blocks, "
+            f"block_size, num_heads, head_size] (NHD) or [2, num_blocks, num_heads, "
+            f"block_size, head_size] (HND) or MLA [num_blocks, block_size, head_size]",
         )
+
+
+def _context_honors(kv_layout: str | None, context: BaseCacheContext) -> None:
+    honored = getattr(type(context), "honored_kv_layouts", frozenset({"NHD"}))
+    _check_layout_honored(kv_layout, honored, f"the {context.device_type} cache context")
 
 
 class LMCacheDrivenOps(WorkerRegistry):
@@ -77,9 +84,10 @@ class LMCacheDrivenOps(WorkerRegistry):
         if not kv_cache:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, "register_kv_cache: empty KV cache list")
         self._check_worker_room(instance_id, "register_kv_cache")
-        _check_layout_hints(layout_hints)
-        context, events = self._map_kv_cache(kv_cache)
+        kv_layout = _declared_layout(layout_hints)
+        context, events = self._map_kv_cache(kv_cache, layout_hints)
         try:
+            _context_honors(kv_layout, context)
             layout = context.layout
             self._check_fits_l1(layout, "register_kv_cache")
         except ValueError as exc:
@@ -101,12 +109,14 @@ class LMCacheDrivenOps(WorkerRegistry):
             context.device_type,
         )
 
-    def _map_kv_cache(self, kv_cache: list[Any]) -> tuple[BaseCacheContext, EventIPCBackend]:
+    def _map_kv_cache(
+        self, kv_cache: list[Any], layout_hints: Any
+    ) -> tuple[BaseCacheContext, EventIPCBackend]:
         """The cache context and event backend of the device the wrappers declare."""
         try:
             device_type = declared_device_type(kv_cache)
             device = resolve_lmcache_driven_device(device_type, self._device_specs)
-            context = device.create_cache_context(kv_cache, self.chunk_size)
+            context = device.create_cache_context(kv_cache, self.chunk_size, layout_hints)
         except LMCacheDrivenUnsupportedError as exc:
             _close_wrappers(kv_cache)
             raise ProtocolError(

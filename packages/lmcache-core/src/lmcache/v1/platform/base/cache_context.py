@@ -27,6 +27,10 @@ class BaseCacheContext(abc.ABC):
     """A device's cache context; subclasses set ``device_type`` and implement the rest."""
 
     device_type: ClassVar[str] = ""
+    # Upstream's ``layout_hints["kv_layout"]`` values this context reads correctly.  The
+    # server refuses any other declared layout rather than mis-slicing blocks; a context
+    # that re-views HND tensors (see ``kv_layout.as_nhd_view``) adds ``"HND"``.
+    honored_kv_layouts: ClassVar[frozenset[str]] = frozenset({"NHD"})
 
     def __init__(
         self, *, kv_caches: list[torch.Tensor], device: torch.device, num_layers: int

@@ -1,7 +1,8 @@
 """``CPUCacheContext``: the server's view of a worker KV cache that lives in POSIX SHM.
 
 The worker's per-layer KV tensors are mapped into the server (zero-copy) through their
-``CpuShmTensorWrapper``s; ``store`` gathers blocks straight out of those pages and
+``CpuShmTensorWrapper``s (a declared ``kv_layout: "HND"`` is re-viewed as NHD, no copy);
+``store`` gathers blocks straight out of those pages and
 ``retrieve`` scatters straight into them (:meth:`CPUCacheContext.transfer_blocks`, with
 the cpu backend's ops).  Host copies are synchronous, so there is no stream (``stream`` is
 ``None``) and the event ``transfer_blocks`` returns is already complete.
@@ -16,7 +17,12 @@ import torch
 
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.cpu.event_ipc import HostEvent
-from lmcache.v1.platform.kv_layout import KVLayout
+from lmcache.v1.platform.kv_layout import (
+    HONORED_KV_LAYOUTS,
+    KVLayout,
+    as_nhd_view,
+    declared_kv_layout,
+)
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 
 if TYPE_CHECKING:
@@ -25,6 +31,7 @@ if TYPE_CHECKING:
 
 class CPUCacheContext(BaseCacheContext):
     device_type: ClassVar[str] = "cpu"
+    honored_kv_layouts: ClassVar[frozenset[str]] = HONORED_KV_LAYOUTS
 
     def __init__(
         self,
@@ -38,10 +45,12 @@ class CPUCacheContext(BaseCacheContext):
     ) -> None:
         self._wrappers = [w for w in kv_caches if not isinstance(w, torch.Tensor)]
         try:
+            kv_layout = declared_kv_layout(layout_hints)
             tensors = [w if isinstance(w, torch.Tensor) else w.to_tensor() for w in kv_caches]
             for tensor in tensors:
                 if tensor.device.type != "cpu":
                     raise ValueError(f"CPUCacheContext got a tensor on {tensor.device}")
+            tensors = [as_nhd_view(t, kv_layout) for t in tensors]
             self._layout = KVLayout.from_tensors(tensors)
             self._layout.check_chunk_size(lmcache_tokens_per_chunk)
         except BaseException:
