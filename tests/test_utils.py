@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -102,3 +103,25 @@ def test_parse_size(text: str | int, expected: int) -> None:
 def test_parse_size_rejects(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_size(bad)  # type: ignore[arg-type]
+
+
+def test_process_is_running_sees_live_zombie_and_reaped_children() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from lmcache.utils import process_is_running
+
+    assert process_is_running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # exited but not reaped: a zombie, not running
+        with open(f"/proc/{child.pid}/stat") as stat:
+            if stat.read().rsplit(") ", 1)[1].startswith("Z"):
+                break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the child never became a zombie")
+    assert not process_is_running(child.pid)
+    child.wait()
+    assert not process_is_running(child.pid)

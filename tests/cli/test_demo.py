@@ -12,19 +12,10 @@ from pathlib import Path
 import pytest
 
 from lmcache.cli.commands import demo
+from lmcache.utils import process_is_running
 
 SHM_DIR = Path("/dev/shm")
 SMALL = ["--tokens", "64", "--layers", "2"]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _pid_of(name: str) -> int | None:
@@ -39,7 +30,7 @@ def no_orphan_segments() -> Iterator[None]:
     yield
     new = set(os.listdir(SHM_DIR)) - before
     orphans = sorted(
-        n for n in new if n.startswith("lmcache_") and not _pid_alive(_pid_of(n) or -1)
+        n for n in new if n.startswith("lmcache_") and not process_is_running(_pid_of(n) or -1)
     )
     for name in orphans:
         (SHM_DIR / name).unlink(missing_ok=True)

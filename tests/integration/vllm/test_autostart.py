@@ -26,6 +26,7 @@ from lmcache.integration.vllm.autostart import (
     server_answers,
 )
 from lmcache.integration.vllm.mp_config import parse_extra_config
+from lmcache.utils import process_is_running
 
 SMALL_SERVER = ("--l1-size-gb", "0.05")
 
@@ -43,20 +44,10 @@ def _unused_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
-
-
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not process_is_running(pid):
             return True
         time.sleep(0.1)
     return False
@@ -128,7 +119,7 @@ def test_starts_reuses_and_stops_a_real_server() -> None:
         assert ensure_local_server(url, SMALL_SERVER, wait_timeout=60) is None
     finally:
         server.stop()
-    assert not server.running and not _alive(server.pid)
+    assert not server.running and not process_is_running(server.pid)
     assert _shm_of(server.pid) == []  # SIGTERM let it unlink its shared memory
     assert not server_answers(url, timeout=0.5)
     server.stop()  # idempotent
@@ -181,7 +172,7 @@ def test_the_server_dies_with_a_killed_owner(tmp_path: Path) -> None:
     try:
         assert owner.stdout is not None
         server_pid = int(owner.stdout.readline())
-        assert _alive(server_pid)
+        assert process_is_running(server_pid)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -394,3 +395,21 @@ def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
     """Consecutive slices of ``items`` of at most ``size`` elements."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def process_is_running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (exited, not yet reaped by its parent).
+
+    A live process of another user (``PermissionError``) counts as running.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True

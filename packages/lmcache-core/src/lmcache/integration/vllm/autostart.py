@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from lmcache.utils import process_is_running
 from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
 
 logger = logging.getLogger(__name__)
@@ -104,19 +105,6 @@ def _port_lock(port: int) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie (an exited server nobody reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 class AutostartedServer:
     """A server this process started; ``stop`` is idempotent and only acts in its owner."""
 
@@ -129,7 +117,7 @@ class AutostartedServer:
 
     @property
     def running(self) -> bool:
-        return _running(self.pid)
+        return process_is_running(self.pid)
 
     def _signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

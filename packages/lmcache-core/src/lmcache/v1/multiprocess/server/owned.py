@@ -17,19 +17,11 @@ import sys
 import threading
 import time
 
+from lmcache.utils import process_is_running
+
 logger = logging.getLogger(__name__)
 
 _POLL_S = 1.0
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def wait_for_exit(pid: int) -> None:
@@ -37,7 +29,7 @@ def wait_for_exit(pid: int) -> None:
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
-        while _process_exists(pid):
+        while process_is_running(pid):
             time.sleep(_POLL_S)
         return
     try:
@@ -62,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m lmcache.v1.multiprocess.server.owned OWNER_PID ...\n")
         return 2
     owner = int(args[0])
-    if not _process_exists(owner):
+    if not process_is_running(owner):
         sys.stderr.write(f"lmcache server: the owner process {owner} is gone; not starting\n")
         return 1
     from lmcache.v1.multiprocess.server.run import main as server_main

@@ -152,14 +152,21 @@ class MPClient:
             self._await_reply((noop_uid,), "noop", wait_s)
             return False
 
-    def call(self, operation: str, *payloads: Any, timeout: float | None = None) -> Any:
-        """Send one request and wait for its reply (decoded as the operation's response)."""
+    def _reply_type_and_wait(self, operation: str, timeout: float | None) -> tuple[Any, float]:
+        """The operation's response type (``Any`` if unknown) and the wait to apply."""
         spec = protocol.RPC_SPECS.get(operation)
         response_type = spec.response_type if spec is not None else Any
-        wait_s = self.timeout if timeout is None else timeout
+        return response_type, self.timeout if timeout is None else timeout
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MPClientError("the MP client is closed")
+
+    def call(self, operation: str, *payloads: Any, timeout: float | None = None) -> Any:
+        """Send one request and wait for its reply (decoded as the operation's response)."""
+        response_type, wait_s = self._reply_type_and_wait(operation, timeout)
         with self._lock:
-            if self._closed:
-                raise MPClientError("the MP client is closed")
+            self._check_open()
             uid = next(self._uids)
             self._sock.send_multipart(protocol.encode_request(uid, operation, payloads))
             frames = self._await_reply((uid,), operation, wait_s)
@@ -175,12 +182,9 @@ class MPClient:
         """Like :meth:`call`, with raw data frames after the payloads (any buffers, sent
         zero-copy: they must not change until this returns) and the reply's data frames
         returned as zero-copy, writable memoryviews (the framed inline sub-path)."""
-        spec = protocol.RPC_SPECS.get(operation)
-        response_type = spec.response_type if spec is not None else Any
-        wait_s = self.timeout if timeout is None else timeout
+        response_type, wait_s = self._reply_type_and_wait(operation, timeout)
         with self._lock:
-            if self._closed:
-                raise MPClientError("the MP client is closed")
+            self._check_open()
             uid = next(self._uids)
             request = protocol.encode_request(uid, operation, payloads)
             self._sock.send_multipart([*request, *frames], copy=False)
@@ -209,12 +213,9 @@ class MPClient:
         """
         if depth < 1:
             raise ValueError(f"pipeline depth must be >= 1, got {depth}")
-        spec = protocol.RPC_SPECS.get(operation)
-        response_type = spec.response_type if spec is not None else Any
-        wait_s = self.timeout if timeout is None else timeout
+        response_type, wait_s = self._reply_type_and_wait(operation, timeout)
         with self._lock:
-            if self._closed:
-                raise MPClientError("the MP client is closed")
+            self._check_open()
             in_flight: dict[int, int] = {}
             sent = 0
             while sent < count or in_flight:
