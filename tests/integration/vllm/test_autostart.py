@@ -33,9 +33,21 @@ SMALL_SERVER = ("--l1-size-gb", "0.05")
 
 @pytest.fixture(autouse=True)
 def _private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lock and log files go to the test's folder, not the machine's /tmp."""
+    """Lock and log files go to the test's folder, not the machine's /tmp or /dev/shm."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(autostart, "LOCK_DIRS", (str(tmp_path / "locks"),))
+    (tmp_path / "locks").mkdir()
+
+
+def test_the_port_lock_ignores_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes with different $TMPDIR take the same lock file."""
+    first = autostart._lock_dir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    assert autostart._lock_dir() == first == tmp_path / "locks"
+    monkeypatch.setattr(autostart, "LOCK_DIRS", (str(tmp_path / "missing"),))
+    assert autostart._lock_dir() == tmp_path / "elsewhere"  # fallback when none is usable
 
 
 def _unused_port() -> int:

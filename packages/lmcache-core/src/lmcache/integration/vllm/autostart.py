@@ -93,10 +93,22 @@ def server_answers(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+# Where the per-port lock files live: a directory every process on the machine sees the
+# same whatever its $TMPDIR (two vLLMs with different TMPDIRs must still take turns).
+LOCK_DIRS: tuple[str, ...] = ("/dev/shm",)
+
+
+def _lock_dir() -> Path:
+    for candidate in LOCK_DIRS:
+        if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+            return Path(candidate)
+    return Path(tempfile.gettempdir())
+
+
 @contextlib.contextmanager
 def _port_lock(port: int) -> Iterator[None]:
-    """One starter per port and machine at a time (all vLLM processes, all users' tmp)."""
-    path = Path(tempfile.gettempdir()) / f"lmcache-autostart-{port}.lock"
+    """One starter per port and machine at a time (all vLLM processes, any $TMPDIR)."""
+    path = _lock_dir() / f"lmcache-autostart-{port}.lock"
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
