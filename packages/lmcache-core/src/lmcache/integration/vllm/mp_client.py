@@ -125,6 +125,10 @@ class ServerLink:
         self.incarnation: str | None = None
         self.generation = 0  # grows with every new server incarnation this link meets
         self._listeners: list[Listener] = []
+        # Registered workers the heartbeat keeps alive: the server reaps a worker it has not
+        # heard from for --worker-reap-timeout (120 s), and one long prefill (minutes on a
+        # CPU) sends nothing else.
+        self._instance_ids: set[int] = set()
         self._lock = threading.Lock()  # open/check vs. close
 
     @property
@@ -134,6 +138,11 @@ class ServerLink:
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def keep_alive(self, instance_id: int) -> None:
+        """Ping ``instance_id`` on every heartbeat; a server that forgot it (reaped) is
+        treated like a new incarnation, so the listeners register again."""
+        self._instance_ids.add(instance_id)
 
     def run(self, what: str, call: Callable[[MPClient], T]) -> T:
         guarded = self.guarded
@@ -183,19 +192,28 @@ class ServerLink:
             return
         try:
             incarnation = _incarnation(probe)
-            probe.ping(None)
+            forgotten = self._ping_registered(probe)
         except MPClientError as exc:
             self.health.mark_down(f"heartbeat: {exc}")
             return
         if incarnation != self.incarnation:
             self.incarnation = incarnation
             self._new_incarnation("server restarted")
+        elif forgotten:
+            self._new_incarnation(f"server no longer knows worker(s) {sorted(forgotten)}")
         elif self.health.is_down:
             # Back after an outage: an upstream server shows no incarnation, so treat the
             # return as a restart (re-registering with a server that kept us is harmless).
             self._new_incarnation("server reachable again")
         else:
             self.health.mark_up()
+
+    def _ping_registered(self, probe: MPClient) -> list[int]:
+        """Refresh every kept-alive worker on the server; the ids it does not know."""
+        if not self._instance_ids:
+            probe.ping(None)
+            return []
+        return [i for i in sorted(self._instance_ids) if not probe.ping(i)]
 
     def _new_incarnation(self, why: str) -> None:
         self.generation += 1

@@ -102,6 +102,8 @@ class WorkerSide:
             self._register_first_time()
         else:
             logger.info("LMCache worker: the KV cache registers once the server is reachable")
+        # Only now: a heartbeat pinging an id not yet registered would register it twice.
+        self.link.keep_alive(self._instance_id)
 
     def _register_first_time(self) -> None:
         from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
@@ -264,6 +266,11 @@ class WorkerSide:
                     "LMCache %s for %s failed: %s", what, item.request_id, exc
                 )
             return False
+
+    @property
+    def instance_id(self) -> int:
+        """The id this worker registers under (0 until the KV cache registers)."""
+        return self._instance_id
 
     @property
     def rank(self) -> int:
