@@ -100,11 +100,14 @@ class LMCacheDrivenOps(WorkerRegistry):
         worker.events = events
         self._replace_worker(instance_id, worker)
         logger.info(
-            "registered LMCache-driven worker %d (%s, world size %d, %d layers, %s, %s)",
+            "registered LMCache-driven worker %d (%s, world size %d, %d layers of %s, "
+            "declared layout %s, %s, %s)",
             instance_id,
             model_name,
             world_size,
             layout.num_layers,
+            list(getattr(kv_cache[0], "shape", ())),
+            kv_layout or "none",
             dtype_name(layout.dtype),
             context.device_type,
         )
