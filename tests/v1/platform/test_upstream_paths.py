@@ -25,7 +25,12 @@ def test_native_names_are_the_ops_types_objects() -> None:
     assert lmcache_native.EngineKVFormat.NL_X_NB_BS_NH_HS == 18
     assert lmcache_native.GPUKVFormat is lmcache_native.EngineKVFormat
     assert lmcache_native.is_mla(lmcache_native.EngineKVFormat.NL_X_NB_BS_HS)
-    assert not hasattr(lmcache_native, "Bitmap")  # upstream's native server internals
+    # Upstream's server helpers are the pure-Python ones; the rest of its natives are not.
+    from lmcache.v1.native_compat import Bitmap, PeriodicEventNotifier
+
+    assert lmcache_native.Bitmap is Bitmap
+    assert lmcache_native.PeriodicEventNotifier is PeriodicEventNotifier
+    assert not hasattr(lmcache_native, "TTLLock")
 
 
 @pytest.fixture
