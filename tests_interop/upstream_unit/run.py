@@ -63,8 +63,9 @@ _GAP = "not yet matched (a gap, not a deliberate difference): "
 # (found by importing every ``lmcache`` name the file imports; upstream's helper modules
 # in the same folder are left out of the lists, they fail for the same reasons).
 _MP_INTERNALS = (
-    "imports upstream's MP-server internals, which lmcache-core's server "
-    "(lmcache.v1.multiprocess.server) replaces rather than mirrors; missing here: "
+    "imports upstream modules or names that are missing here, mostly MP-server internals "
+    "that lmcache-core's server (lmcache.v1.multiprocess.server) replaces rather than "
+    "mirrors: "
 )
 
 
