@@ -456,7 +456,7 @@ def upstream_unit(session: nox.Session) -> None:
     sdist, cached in .nox/_interop/) against the core wheel; fails on any failure or error
     of a test not listed in docs/compatibility.md, and prints the counts."""
     _install_wheels(session, [CORE])
-    session.install(*TEST_DEPS)
+    session.install(*_group("upstream-unit"))
     _load_session_module(ROOT / "tests_interop" / "upstream_unit" / "nox_session.py").run(session)
 
 

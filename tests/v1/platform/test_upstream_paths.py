@@ -16,6 +16,7 @@ from lmcache.v1.platform.cpu.posix_shm import (
     shm_create_readwrite,
     shm_map_readwrite,
     shm_munmap,
+    shm_open_pool_as_mmap,
     shm_unlink,
 )
 
@@ -25,7 +26,12 @@ def test_native_names_are_the_ops_types_objects() -> None:
     assert lmcache_native.EngineKVFormat.NL_X_NB_BS_NH_HS == 18
     assert lmcache_native.GPUKVFormat is lmcache_native.EngineKVFormat
     assert lmcache_native.is_mla(lmcache_native.EngineKVFormat.NL_X_NB_BS_HS)
-    assert not hasattr(lmcache_native, "Bitmap")  # upstream's native server internals
+    # Upstream's server helpers are the pure-Python ones; the rest of its natives are not.
+    from lmcache.v1.native_compat import Bitmap, PeriodicEventNotifier
+
+    assert lmcache_native.Bitmap is Bitmap
+    assert lmcache_native.PeriodicEventNotifier is PeriodicEventNotifier
+    assert not hasattr(lmcache_native, "TTLLock")
 
 
 @pytest.fixture
@@ -103,6 +109,25 @@ def test_posix_shm_create_map_unmap_unlink() -> None:
         shm_unlink(name)
     with pytest.raises(ValueError, match="not a mapping"):
         shm_munmap(writer)
+    shm_munmap(0, 4096)  # no mapping: a no-op, as upstream's
     shm_unlink(name)  # already gone: not an error
     with pytest.raises(ValueError, match="invalid POSIX shared-memory name"):
         shm_create_readwrite("/a/b", 16)
+
+
+def test_shm_open_pool_as_mmap_is_an_owned_view_of_the_segment() -> None:
+    name = f"/lmc_test_pool_{uuid.uuid4().hex[:12]}"
+    writer = shm_create_readwrite(name, 4096)
+    try:
+        pool = shm_open_pool_as_mmap(name, 4096)
+        try:
+            pool[0:3] = b"abc"
+            assert (ctypes.c_char * 3).from_address(writer).raw == b"abc"
+        finally:
+            pool.close()  # the caller's to close; the address mapping stays
+        assert (ctypes.c_char * 3).from_address(writer).raw == b"abc"
+    finally:
+        shm_munmap(writer)
+        shm_unlink(name)
+    with pytest.raises(FileNotFoundError):
+        shm_open_pool_as_mmap(name, 4096)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.event_notifier import HAS_EVENTFD
 from lmcache.v1.platform.ops_resolver import set_device_ops_resolver
 from lmcache.v1.platform.registry import (
     DEVICE_BACKEND_ENV_VAR,
@@ -116,6 +117,7 @@ __all__ = [
     "DEVICE_TYPE_ENV_VAR",
     "DeviceOps",
     "DeviceSpec",
+    "HAS_EVENTFD",
     "current_device_spec",
     "get_current_device_spec",
     "get_device_spec",

@@ -14,7 +14,13 @@ import mmap
 import os
 import threading
 
-__all__ = ["shm_create_readwrite", "shm_map_readwrite", "shm_munmap", "shm_unlink"]
+__all__ = [
+    "shm_create_readwrite",
+    "shm_map_readwrite",
+    "shm_munmap",
+    "shm_open_pool_as_mmap",
+    "shm_unlink",
+]
 
 SHM_DIR = "/dev/shm"
 
@@ -72,11 +78,29 @@ def shm_map_readwrite(name: str, nbytes: int) -> int:
     return _map(name, nbytes, os.O_RDWR)
 
 
+def shm_open_pool_as_mmap(name: str, nbytes: int) -> mmap.mmap:
+    """The first ``nbytes`` of the existing segment ``name`` as a read-write ``mmap``.
+
+    For callers that want a buffer (``torch.frombuffer``) rather than an address: the
+    mapping is not entered in the address table, so the caller owns it and closes it.
+    """
+    _check_size(nbytes)
+    fd = os.open(_segment_path(name), os.O_RDWR)
+    try:
+        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)  # the mapping keeps the pages
+
+
 def shm_munmap(addr: int, nbytes: int = 0) -> None:
-    """Unmap a mapping made here; an unknown address is a ``ValueError``.
+    """Unmap a mapping made here; address 0 (no mapping) is a no-op, as upstream's;
+    any other unknown address is a ``ValueError`` (upstream ignores it, which hides
+    double unmaps).
 
     ``nbytes`` is accepted for upstream's signature; the whole mapping is released.
     """
+    if not addr:
+        return
     with _lock:
         mapping = _mappings.pop(addr, None)
     if mapping is None:
