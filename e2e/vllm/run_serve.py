@@ -132,7 +132,7 @@ def wait_metrics(base: str, timeout: float = 30) -> dict[str, float]:
 
 
 class KVEventSubscriber:
-    """Collects the ``BlockStored`` events vLLM publishes on ``endpoint`` (topic ``kv``)."""
+    """Collects the ``BlockStored`` events vLLM publishes to ``endpoint`` (topic ``kv``)."""
 
     def __init__(self, endpoint: str) -> None:
         import zmq
@@ -142,7 +142,9 @@ class KVEventSubscriber:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"kv")
-        self._sock.connect(endpoint)  # vLLM binds later; ZMQ reconnects until then
+        # vLLM's publisher binds only wildcard endpoints ("tcp://*:N") and connects to an
+        # explicit address, so the subscriber binds the loopback address it is given.
+        self._sock.bind(endpoint)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
