@@ -86,8 +86,8 @@ def test_scheduler_and_worker_agree_for_every_load_and_store(length: int) -> Non
             if span is not None:
                 tracker.stored_end = span[1]
                 ends.append(span[1])
-        hit = usable_hit_tokens(length, length, CHUNK)
-        tracker.num_external = hit
+        tracker.hit_tokens = length  # the whole prompt hits, as the lookup reports it
+        tracker.num_external = usable_hit_tokens(length, length, CHUNK, BLOCK)
         load = load_op(tracker, prompt)
         if load is not None:
             ends.append(load.end)

@@ -14,10 +14,29 @@ from lmcache.integration.vllm.scheduler_state import (
 def test_usable_hit_keeps_the_last_prompt_token_for_vllm() -> None:
     assert usable_hit_tokens(0, 300, 64) == 0
     assert usable_hit_tokens(256, 300, 64) == 256
-    # A full-prompt hit is cut back to a chunk boundary (the partial chunk's key differs).
-    assert usable_hit_tokens(300, 300, 64) == 256
-    assert usable_hit_tokens(256, 256, 64) == 192
-    assert usable_hit_tokens(10, 10, 64) == 0
+    # A full-prompt hit is reported one token short (vLLM computes the last token).
+    assert usable_hit_tokens(300, 300, 64, 16) == 299
+    assert usable_hit_tokens(256, 256, 64, 16) == 255
+    assert usable_hit_tokens(256, 256, 64, 16, async_load=True) == 255
+    assert usable_hit_tokens(1, 1, 64) == 0
+    # Async, and the last token alone in its block: that block is not allocated at load
+    # time, so the hit is cut back to the chunk boundary below it.
+    assert usable_hit_tokens(257, 257, 64, 16, async_load=True) == 256
+    assert usable_hit_tokens(257, 257, 64, 16) == 256  # sync: the step allocates it
+
+
+def test_a_full_prompt_hit_loads_the_whole_last_chunk() -> None:
+    tracker = LMCacheMPRequestTracker("r", prompt_len=300)
+    tracker.hit_tokens = 300
+    tracker.num_external = usable_hit_tokens(300, 300, 64, 16)
+    tracker.block_ids = [list(range(19))]
+    op = load_op(tracker, list(range(300)))
+    assert op is not None and (op.end, op.skip_first_n_tokens) == (300, 0)
+    assert op.token_ids == tuple(range(300))
+    # A partial hit loads exactly what was reported.
+    partial = LMCacheMPRequestTracker("p", prompt_len=300)
+    partial.hit_tokens, partial.num_external = 256, 256
+    assert (op2 := load_op(partial, list(range(300)))) is not None and op2.end == 256
 
 
 def test_store_range_full_chunks_then_the_tail() -> None:

@@ -194,7 +194,13 @@ class SchedulerSide:
                 return None, False
             tracker.hit_tokens = hit_chunks_to_tokens(hit, chunk_size, tracker.prompt_len)
             self._count_lookup(tracker, chunk_size)
-        usable = usable_hit_tokens(tracker.hit_tokens, tracker.prompt_len, chunk_size)
+        usable = usable_hit_tokens(
+            tracker.hit_tokens,
+            tracker.prompt_len,
+            chunk_size,
+            self.link.block_size,
+            self.config.async_load,
+        )
         tracker.local_computed = num_computed_tokens
         if usable <= num_computed_tokens:
             tracker.state = LMCacheMPRequestState.READY
@@ -211,7 +217,13 @@ class SchedulerSide:
         self.stats.add(
             lookups=1,
             lookup_tokens=tracker.prompt_len,
-            hit_tokens=usable_hit_tokens(hit_tokens, tracker.prompt_len, chunk_size),
+            hit_tokens=usable_hit_tokens(
+                hit_tokens,
+                tracker.prompt_len,
+                chunk_size,
+                self.link.block_size,
+                self.config.async_load,
+            ),
         )
 
     def _replan_load(self, request: Request, tracker: LMCacheMPRequestTracker) -> bool:

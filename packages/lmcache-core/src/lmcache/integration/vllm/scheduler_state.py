@@ -62,17 +62,30 @@ class LMCacheMPRequestTracker:
     stored_end: int = 0  # the server holds [0, stored_end) of this request
 
 
-def usable_hit_tokens(hit_tokens: int, prompt_len: int, chunk_size: int) -> int:
+def usable_hit_tokens(
+    hit_tokens: int,
+    prompt_len: int,
+    chunk_size: int,
+    block_size: int = 1,
+    async_load: bool = False,
+) -> int:
     """The prefix vLLM may load.
 
-    vLLM must compute at least the last prompt token itself (to get logits).  A hit on the
-    whole prompt is therefore cut back to the last chunk boundary below it: a shorter
-    partial chunk would have a different key, so it could not be retrieved.
+    vLLM must compute at least the last prompt token itself (to get logits), so a hit on the
+    whole prompt is reported one token short; :func:`load_op` still loads the whole last
+    chunk (its key names all its tokens, a shorter one would miss) and vLLM's forward then
+    rewrites that one token's KV.  For an async load vLLM allocates blocks only for the
+    reported tokens: when the last token would start a block of its own, that block does
+    not exist at load time, and the hit is cut back to the last chunk boundary instead.
     """
     hit = max(0, min(hit_tokens, prompt_len))
     if hit < prompt_len:
         return hit
-    return ((prompt_len - 1) // chunk_size) * chunk_size
+    if prompt_len <= 1:
+        return 0
+    if async_load and (prompt_len - 1) % block_size == 0:
+        return ((prompt_len - 1) // chunk_size) * chunk_size
+    return prompt_len - 1
 
 
 def store_range(
@@ -103,6 +116,8 @@ def load_op(tracker: LMCacheMPRequestTracker, token_ids: Sequence[int]) -> LoadS
     if tracker.num_external <= 0 or tracker.load_emitted:
         return None
     end = tracker.local_computed + tracker.num_external
+    if end == tracker.prompt_len - 1 and (tracker.hit_tokens or 0) >= tracker.prompt_len:
+        end = tracker.prompt_len  # the whole last chunk (see usable_hit_tokens)
     return LoadStoreOp(
         token_ids=tuple(token_ids[:end]),
         block_ids=tuple(tuple(group) for group in tracker.block_ids),
