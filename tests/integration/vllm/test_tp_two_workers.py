@@ -12,22 +12,14 @@ No vLLM needed.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from lmcache.v1.multiprocess.worker.client import (
-    MPClient,
-    ServerUnavailableError,
-    free_url,
-)
+from lmcache.v1.multiprocess.worker.client import MPClient
 
 BLOCK_SIZE, CHUNK_SIZE, NUM_BLOCKS, NUM_HEADS, HEAD_SIZE = 16, 32, 12, 2, 8
 PROMPT = list(range(2000, 2064))  # two chunks
@@ -35,35 +27,8 @@ MODEL = "tp2-model"
 
 
 @pytest.fixture
-def server_url(tmp_path: Path) -> Iterator[str]:
-    url = free_url()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
-    env.pop("LMCACHE_ADMIN_TOKEN", None)
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lmcache.cli.main", "server", "--port",
-             url.rsplit(":", 1)[1], "--chunk-size", str(CHUNK_SIZE), "--l1-size-gb", "0.0625",
-             "--http-port", "0", "--prometheus-port", "0"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text(errors="replace")
-            try:
-                MPClient(url, timeout=2, connect_timeout=0.5).close()
-                break
-            except ServerUnavailableError:
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def server_url(small_server: Callable[..., str]) -> str:
+    return small_server("--chunk-size", str(CHUNK_SIZE))
 
 
 def _rank_main(url: str, rank: int, commands: Any, results: Any) -> None:

@@ -8,12 +8,8 @@ reaped the worker after ``--worker-reap-timeout-seconds`` and the next store fai
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -21,42 +17,17 @@ import torch
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
 from lmcache.integration.vllm.mp_config import parse_extra_config
 from lmcache.integration.vllm.worker_side import WorkerSide
-from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError, free_url
+from lmcache.v1.multiprocess.worker.client import MPClient
 
 BLOCK_SIZE, CHUNK_SIZE, NUM_BLOCKS, NUM_HEADS, HEAD_SIZE = 16, 32, 8, 2, 8
 REAP_S = 1.0
 
 
 @pytest.fixture
-def server_url(tmp_path: Path) -> Iterator[str]:
-    url = free_url()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lmcache.cli.main", "server", "--port",
-             url.rsplit(":", 1)[1], "--chunk-size", str(CHUNK_SIZE), "--l1-size-gb", "0.0625",
-             "--worker-reap-timeout-seconds", str(REAP_S), "--http-port", "0",
-             "--prometheus-port", "0"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text(errors="replace")
-            try:
-                MPClient(url, timeout=2, connect_timeout=0.5).close()
-                break
-            except ServerUnavailableError:
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def server_url(small_server: Callable[..., str]) -> str:
+    return small_server(
+        "--chunk-size", str(CHUNK_SIZE), "--worker-reap-timeout-seconds", str(REAP_S)
+    )
 
 
 @pytest.fixture
