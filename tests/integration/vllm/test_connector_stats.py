@@ -187,6 +187,7 @@ class AnsweringLink:
         self.generation = 1
         self.ready = True
         self.chunk_size = CHUNK
+        self.block_size = CHUNK  # vLLM's block size (ServerLink.block_size)
         self.hit_chunks = hit_chunks
 
     def run(self, what: str, call: Any) -> Any:

@@ -43,6 +43,7 @@ class HitLink:
         self.generation = 1
         self.ready = True
         self.chunk_size = CHUNK
+        self.block_size = CHUNK  # vLLM's block size (ServerLink.block_size)
         self.hit_chunks = hit_chunks
         self.pending = pending
         self.calls: list[str] = []

@@ -37,6 +37,7 @@ class SilentLink:
         self.generation = 1
         self.ready = True
         self.chunk_size = CHUNK
+        self.block_size = CHUNK  # vLLM's block size (ServerLink.block_size)
         self.calls: list[str] = []
         self.threads: set[str] = set()
 
