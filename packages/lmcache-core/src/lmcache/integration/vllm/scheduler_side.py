@@ -194,13 +194,7 @@ class SchedulerSide:
                 return None, False
             tracker.hit_tokens = hit_chunks_to_tokens(hit, chunk_size, tracker.prompt_len)
             self._count_lookup(tracker, chunk_size)
-        usable = usable_hit_tokens(
-            tracker.hit_tokens,
-            tracker.prompt_len,
-            chunk_size,
-            self.link.block_size,
-            self.config.async_load,
-        )
+        usable = self._usable_hit(tracker.hit_tokens, tracker, chunk_size)
         tracker.local_computed = num_computed_tokens
         if usable <= num_computed_tokens:
             tracker.state = LMCacheMPRequestState.READY
@@ -217,13 +211,14 @@ class SchedulerSide:
         self.stats.add(
             lookups=1,
             lookup_tokens=tracker.prompt_len,
-            hit_tokens=usable_hit_tokens(
-                hit_tokens,
-                tracker.prompt_len,
-                chunk_size,
-                self.link.block_size,
-                self.config.async_load,
-            ),
+            hit_tokens=self._usable_hit(hit_tokens, tracker, chunk_size),
+        )
+
+    def _usable_hit(
+        self, hit_tokens: int, tracker: LMCacheMPRequestTracker, chunk_size: int
+    ) -> int:
+        return usable_hit_tokens(
+            hit_tokens, tracker.prompt_len, chunk_size, self.link.block_size, self.config.async_load
         )
 
     def _replan_load(self, request: Request, tracker: LMCacheMPRequestTracker) -> bool:
