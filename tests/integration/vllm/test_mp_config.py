@@ -81,6 +81,6 @@ def test_unknown_keys_warn(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_unsupported_features_are_refused_not_ignored() -> None:
-    with pytest.raises(ValueError, match=r"lmcache\.mp\.lazy_offload"):
-        parse_extra_config({"lmcache.mp.lazy_offload": True}, env={})
-    parse_extra_config({"lmcache.mp.lazy_offload": False}, env={})
+    with pytest.raises(ValueError, match=r"lmcache\.mp\.use_vmm_api"):
+        parse_extra_config({"lmcache.mp.use_vmm_api": True}, env={})
+    parse_extra_config({"lmcache.mp.use_vmm_api": False}, env={})

@@ -44,6 +44,7 @@ from lmcache.integration.vllm.connector_stats import (
     take_stats,
 )
 from lmcache.integration.vllm.kv_events import KVEventFollower, LMCacheMPKVEvents, collect
+from lmcache.integration.vllm.lazy_offload import VllmBlockPool
 from lmcache.integration.vllm.mp_client import HeartbeatThread, ServerLink
 from lmcache.integration.vllm.mp_config import (
     MPConnectorConfig,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
+    from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -113,6 +115,13 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config: MPConnectorConfig = parse_extra_config(extra)
+        if self.config.lazy_offload is not None and not getattr(
+            vllm_config.cache_config, "enable_prefix_caching", False
+        ):
+            # A deferred store is proven intact by its blocks' prefix-cache hashes.
+            raise ValueError(
+                "lmcache.mp.lazy_offload requires vLLM prefix caching (enable_prefix_caching)"
+            )
         self.server_urls = list(self.config.server_urls)
         self.server_url = self.server_urls[0]
         self._autostarted: AutostartedServer | None = None
@@ -231,6 +240,11 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._scheduler.build_connector_meta(scheduler_output)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        """vLLM's scheduler hands over its block pool: lazy offload reads it."""
+        if self._role == KVConnectorRole.SCHEDULER:
+            self._scheduler.bind_block_pool(VllmBlockPool(gpu_block_pool))
 
     def request_finished(
         self, request: Request, block_ids: list[int]

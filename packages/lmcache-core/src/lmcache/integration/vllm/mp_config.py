@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from lmcache.integration.vllm.lazy_offload import LazyOffloadConfig, LazyOffloadPolicy
 from lmcache.v1.platform.transfer_mode import ENV_MP_TRANSFER_MODE, MPTransferMode
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,13 @@ DEFAULTS: dict[str, Any] = {
     "eager_prefetch": False,
     "save_decode_cache": False,
     "lazy_offload": False,
+    # Read only with lazy_offload on (see .lazy_offload; upstream's names and defaults).
+    "lazy_offload_policy": "EVICTION_AWARE",
+    "lazy_offload_threshold": 100,
+    "lazy_offload_select_count": 10,
+    "lazy_offload_horizon_steps": 2.5,
+    "lazy_offload_max_drain_per_step": 64,
+    "lazy_offload_max_deferral_seconds": 0.0,
     # Ours (upstream always loads asynchronously): false loads inside start_load_kv.
     "async_load": True,
     "transfer_intermediate_tensors": False,
@@ -51,11 +59,6 @@ MAX_OFFLOAD_TOKENS_KEY = "lmcache.max_offload_tokens"
 # non-default value is reported instead of being silently ignored.
 UNSUPPORTED = {
     "use_vmm_api": "CUDA VMM allocations are not supported by lmcache-core",
-    "lazy_offload": (
-        "lazy offload (stores buffered and submitted only when a policy drains them, e.g. "
-        "before vLLM evicts the blocks) is not implemented yet; KV is stored eagerly "
-        "after each step"
-    ),
     "transfer_intermediate_tensors": "intermediate tensors are not transferred",
 }
 
@@ -150,6 +153,8 @@ class MPConnectorConfig:
     autostart: bool = False
     autostart_server_args: tuple[str, ...] = ()
     autostart_wait_timeout: float = 90.0
+    # lmcache.mp.lazy_offload: stores deferred by a policy (see .lazy_offload); None = off.
+    lazy_offload: LazyOffloadConfig | None = None
 
     @property
     def start_server_hint(self) -> str:
@@ -218,6 +223,7 @@ def parse_extra_config(
         )
     _check_autostart(values, urls)
     return MPConnectorConfig(
+        lazy_offload=_lazy_offload_config(get) if get("lazy_offload") else None,
         server_urls=tuple(urls),
         mq_timeout=float(get("mq_timeout")),
         heartbeat_interval=float(get("heartbeat_interval")),
@@ -233,6 +239,25 @@ def parse_extra_config(
         autostart=bool(get("autostart")),
         autostart_server_args=tuple(get("autostart.server_args")),
         autostart_wait_timeout=float(get("autostart.wait_timeout")),
+    )
+
+
+def _lazy_offload_config(get: Callable[[str], Any]) -> LazyOffloadConfig:
+    name = str(get("lazy_offload_policy")).upper()
+    try:
+        policy = LazyOffloadPolicy(name)
+    except ValueError:
+        known = ", ".join(p.value for p in LazyOffloadPolicy)
+        raise ValueError(
+            f"{PREFIX}lazy_offload_policy must be one of {known}, got {name!r}"
+        ) from None
+    return LazyOffloadConfig(
+        policy=policy,
+        threshold=int(get("lazy_offload_threshold")),
+        select_count=int(get("lazy_offload_select_count")),
+        horizon_steps=float(get("lazy_offload_horizon_steps")),
+        max_drain_per_step=int(get("lazy_offload_max_drain_per_step")),
+        max_deferral_seconds=float(get("lazy_offload_max_deferral_seconds")),
     )
 
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
+    from lmcache.integration.vllm.lazy_offload import BlockPoolView
     from lmcache.integration.vllm.mp_client import ServerLink
     from lmcache.integration.vllm.scheduler_side import LMCacheMPConnectorMetadata, SchedulerSide
     from lmcache.integration.vllm.worker_side import WorkerSide
@@ -117,6 +118,10 @@ class SchedulerRouter:
             self.server_urls,
         )
         return self.sides[index]
+
+    def bind_block_pool(self, pool: BlockPoolView) -> None:
+        for side in self.sides:
+            side.bind_block_pool(pool)
 
     def on_new_request(self, request: Request) -> None:
         self.side_for(request).on_new_request(request)

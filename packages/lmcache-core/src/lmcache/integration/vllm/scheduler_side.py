@@ -22,6 +22,11 @@ from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from lmcache.integration.vllm.lazy_offload import (
+    BlockPoolView,
+    LazyOffloadQueue,
+    step_signals,
+)
 from lmcache.integration.vllm.lookup_thread import LOOKUP_FAILED, LookupThread
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.integration.vllm.mp_config import MPConnectorConfig
@@ -82,6 +87,17 @@ class SchedulerSide:
         # Requests parked by vLLM for an async load whose load is not yet planned.
         self._async_to_plan: set[str] = set()
         self._lookup_thread = LookupThread(link, world_size, LOOKUP_TIMEOUT_S)
+        # lmcache.mp.lazy_offload: stores buffered until a policy releases them.
+        self.lazy: LazyOffloadQueue | None = None
+        self._warned_no_block_pool = False
+        self._lazy_reported: dict[str, int] = {}  # counter totals already in self.stats
+        if config.lazy_offload is not None:
+            self.lazy = LazyOffloadQueue(config.lazy_offload, link.block_size)
+
+    def bind_block_pool(self, pool: BlockPoolView) -> None:
+        """vLLM's scheduler block pool, which lazy offload reads (hashes, free queue)."""
+        if self.lazy is not None:
+            self.lazy.pool = pool
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -95,6 +111,8 @@ class SchedulerSide:
             )
             self._trackers[request.request_id] = tracker
             self._requests[request.request_id] = request
+            if self.lazy is not None:
+                self.lazy.on_new_request(request.request_id)
         return tracker
 
     def _lookup_key(self, request: Request, tracker: LMCacheMPRequestTracker) -> IPCCacheServerKey:
@@ -283,6 +301,9 @@ class SchedulerSide:
             new_blocks = cached.new_block_ids[index]
             if req_id in cached.resumed_req_ids:
                 tracker.block_ids = [list(g) for g in (new_blocks or ())]
+                if self.lazy is not None:
+                    # Its buffered stores named the block table it just lost.
+                    tracker.stored_end = min(tracker.stored_end, self.lazy.on_preempted(req_id))
                 # A preempted request resumed with a (synchronous) hit loads it again.
                 self._emit_load(meta, tracker, request)
             elif new_blocks is not None:
@@ -295,7 +316,29 @@ class SchedulerSide:
                 cached.num_computed_tokens[index],
                 num_scheduled.get(req_id, 0),
             )
+        self._release_lazy_stores(meta, scheduler_output)
         return meta
+
+    def _release_lazy_stores(
+        self, meta: LMCacheMPConnectorMetadata, scheduler_output: SchedulerOutput
+    ) -> None:
+        """Lazy offload: this step's released stores (run in this step's wait_for_save,
+        before any later step can reuse their blocks)."""
+        if self.lazy is None:
+            return
+        cached = scheduler_output.scheduled_cached_reqs
+        signals = step_signals(
+            [new.block_ids for new in scheduler_output.scheduled_new_reqs]
+            + list(cached.new_block_ids),
+            scheduler_output.total_num_scheduled_tokens,
+            self.link.block_size,
+        )
+        if self.link.ready:
+            meta.stores.extend(self.lazy.drain(signals))
+        # (else kept: still valid when the server is back, unless evicted first)
+        totals = self.lazy.counters.as_metrics()
+        self.stats.add(**{name: totals[name] - self._lazy_reported.get(name, 0) for name in totals})
+        self._lazy_reported = totals
 
     def _emit_async_loads(self, meta: LMCacheMPConnectorMetadata) -> None:
         """The loads of requests vLLM parked for an async load since the last step."""
@@ -358,13 +401,26 @@ class SchedulerSide:
             start=start,
             end=end,
         )
-        meta.stores.append(LMCacheMPRequestMetadata(tracker.request_id, op, tracker.cache_salt))
+        item = LMCacheMPRequestMetadata(tracker.request_id, op, tracker.cache_salt)
+        if self.lazy is not None:
+            if self.lazy.pool is not None:
+                self.lazy.admit(item, chunk_size)
+                return
+            if not self._warned_no_block_pool:
+                self._warned_no_block_pool = True
+                logger.warning(
+                    "lmcache.mp.lazy_offload: vLLM has not bound its block pool to the "
+                    "connector (bind_gpu_block_pool), so stores are issued eagerly"
+                )
+        meta.stores.append(item)
 
     # -- end of a request ---------------------------------------------------------------------
 
     def finish(self, request_id: str) -> None:
         tracker = self._trackers.pop(request_id, None)
         self._async_to_plan.discard(request_id)
+        if self.lazy is not None:
+            self.lazy.on_finished(request_id)
         self._requests.pop(request_id, None)
         sent = self._lookups.pop(request_id, None)
         if tracker is None or not tracker.lookup_submitted:
@@ -389,3 +445,5 @@ class SchedulerSide:
 
     def close(self) -> None:
         self._lookup_thread.close()
+        if self.lazy is not None:
+            self.lazy.log_final_stats()

@@ -22,6 +22,17 @@ COUNTERS: dict[str, str] = {
     "stored_bytes": "KV bytes stored into LMCache, summed over TP workers.",
     "failed_loads": "Loads that failed (vLLM recomputes those tokens), per TP worker.",
     "failed_stores": "Stores that failed (a future miss), per TP worker.",
+    # Lazy offload (lmcache.mp.lazy_offload), counted by the scheduler in store operations
+    # (one request's token range of one step).
+    "lazy_deferred_ops": "Store operations buffered by lazy offload instead of issued.",
+    "lazy_released_ops": "Buffered store operations released to the workers to be stored.",
+    "lazy_dropped_ops": (
+        "Buffered store operations dropped: vLLM evicted or reassigned their blocks first."
+    ),
+    "lazy_rejected_ops": (
+        "Store operations lazy offload could not buffer (no whole block, or an earlier "
+        "range of the request was lost)."
+    ),
 }
 LOAD_SECONDS = "load_seconds"
 
