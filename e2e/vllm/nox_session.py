@@ -56,6 +56,7 @@ def run(session: Any, core_wheel: str | None = None) -> None:
         "engine_driven,lmcache_driven",
         "--restart",
         "--two-servers",
+        "--lazy-offload",
         env=env,
     )
     session.run("python", str(HERE / "run_serve.py"), "--workdir", str(workdir), env=env)

@@ -14,6 +14,7 @@ the late-start / kill -9 / restart steps of ``run_restart.py`` (which check the 
 With ``--two-servers`` every other mode runs against two servers
 (``lmcache.mp.server_urls``) with two prompts that the placement sends to different
 servers: the same checks, per server, in one vLLM start (one server start more).
+With ``--lazy-offload`` the steps of ``run_lazy.py`` follow (one vLLM start more).
 Exit status 0 on success.
 """
 
@@ -201,6 +202,11 @@ def main() -> int:
         help="run engine_driven as the server-restart steps of run_restart.py",
     )
     parser.add_argument(
+        "--lazy-offload",
+        action="store_true",
+        help="also run lazy offload's steps (run_lazy.py): deferred stores, eviction-aware",
+    )
+    parser.add_argument(
         "--two-servers",
         action="store_true",
         help="run the other modes against two servers (lmcache.mp.server_urls)",
@@ -223,6 +229,10 @@ def main() -> int:
         other = prompt_for_other_server(baseline_llm, prompt, two_urls)
         two_prompts.append(other)
         two_baselines.append(generate(baseline_llm, other)[0])
+    from run_lazy import lazy_prompts
+
+    lazy = lazy_prompts() if args.lazy_offload else []
+    lazy_baselines = [baseline] + [generate(baseline_llm, p)[0] for p in lazy[1:]]
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -264,6 +274,18 @@ def main() -> int:
             f"cold {result['first_request_s']:.3f} s, warm (cache hit) "
             f"{result['second_request_s']:.3f} s; TTFT with cache hit {result['ttft_hit_s']:.3f} s "
             f"vs without cache {ttft_miss:.3f} s"
+        )
+    if args.lazy_offload:
+        from run_lazy import run_lazy_offload
+
+        summary["lazy_offload"] = lazy_result = run_lazy_offload(
+            model, lazy, lazy_baselines, workdir, MAX_TOKENS
+        )
+        print(
+            f"lazy offload: OK, nothing stored after the first request, "
+            f"{lazy_result['stored_after_b']} tokens once the next one came in; the first "
+            f"prompt again retrieved {lazy_result['retrieved_by_a_again']} tokens from LMCache "
+            f"after vLLM evicted it; all {len(lazy)} prompts twice equal the baseline"
         )
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("vllm e2e: all checks passed")

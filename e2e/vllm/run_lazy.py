@@ -1,0 +1,110 @@
+"""End-to-end: lazy offload (``lmcache.mp.lazy_offload``) with a real vLLM (CPU).
+
+``run_e2e.py --lazy-offload`` runs these steps with its baseline.  One ``vllm.LLM`` with
+prefix caching, a small KV cache (``num_gpu_blocks_override``) and the connector in lazy
+mode (the default ``EVICTION_AWARE`` policy):
+
+1. request A: its KV stays in vLLM's prefix cache; the server stores nothing (deferred);
+2. requests B, C, ...: they take blocks from the head of vLLM's free queue, A's blocks
+   drift towards it, and A is stored before vLLM evicts them;
+3. once A's first block has been evicted from vLLM's cache, A again: vLLM's prefix cache
+   cannot serve it, LMCache does (the server's retrieved tokens grow);
+4. every prompt once more: each output equals the baseline token for token, so nothing
+   stale was stored, whichever of B, C, ... were stored or dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e_common import (
+    LONG_PROMPT_WORDS,
+    connector_config,
+    free_port,
+    server_stats,
+    start_server,
+    stop_server,
+)
+
+MODE = "engine_driven"
+BLOCK_SIZE = 32
+# Room for four prompts of ~12 blocks: the fifth evicts the first.
+NUM_BLOCKS = 48
+NUM_PROMPTS = 5
+
+
+def lazy_prompts() -> list[str]:
+    """Prompts with no common prefix (each starts with a different word), the first of
+    which is ``run_e2e``'s prompt."""
+    words = LONG_PROMPT_WORDS
+    return [" ".join(words[k:] + words[:k]) for k in range(NUM_PROMPTS)]
+
+
+def make_lazy_llm(model: str, port: int) -> Any:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kv = connector_config(port, MODE)
+    kv["kv_connector_extra_config"]["lmcache.mp.lazy_offload"] = "true"
+    return LLM(
+        model=model,
+        dtype="float32",
+        block_size=BLOCK_SIZE,
+        max_model_len=1024,
+        max_num_seqs=1,
+        max_num_batched_tokens=1024,
+        enable_prefix_caching=True,
+        num_gpu_blocks_override=NUM_BLOCKS,
+        enforce_eager=True,
+        seed=0,
+        kv_transfer_config=KVTransferConfig(**kv),
+    )
+
+
+def run_lazy_offload(
+    model: str, prompts: list[str], baselines: list[list[int]], workdir: Path, max_tokens: int
+) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    port = free_port()
+    server = start_server(port, MODE, workdir / "server-lazy.log")
+    try:
+        engine = make_lazy_llm(model, port)
+
+        def generate(index: int) -> tuple[list[int], float]:
+            t0 = time.perf_counter()
+            out = engine.generate([prompts[index]], params, use_tqdm=False)[0]
+            return list(out.outputs[0].token_ids), time.perf_counter() - t0
+
+        outputs = [generate(0)[0]]
+        after_a = server_stats(port)
+        assert after_a["stored_tokens"] == 0, f"A was stored eagerly: {after_a}"
+        outputs.append(generate(1)[0])
+        after_b = server_stats(port)
+        assert after_b["stored_tokens"] > 0, f"A was not stored as B came in: {after_b}"
+        for index in range(2, len(prompts)):
+            outputs.append(generate(index)[0])
+        before_a_again = server_stats(port)
+        a_again, a_again_s = generate(0)
+        after_a_again = server_stats(port)
+        assert after_a_again["retrieved_tokens"] > before_a_again["retrieved_tokens"], (
+            f"A was not served by LMCache once vLLM had evicted it: {after_a_again}"
+        )
+        again = [a_again] + [generate(index)[0] for index in range(1, len(prompts))]
+        final = server_stats(port)
+        for index, baseline in enumerate(baselines):
+            assert outputs[index] == baseline, f"prompt {index}: {outputs[index]} != {baseline}"
+            assert again[index] == baseline, f"prompt {index} again: {again[index]} != {baseline}"
+        return {
+            "stored_after_a": after_a["stored_tokens"],
+            "stored_after_b": after_b["stored_tokens"],
+            "retrieved_by_a_again": after_a_again["retrieved_tokens"]
+            - before_a_again["retrieved_tokens"],
+            "a_again_s": round(a_again_s, 4),
+            "final_stats": final,
+        }
+    finally:
+        stop_server(server)
