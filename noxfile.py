@@ -452,9 +452,9 @@ def interop_upstream(session: nox.Session) -> None:
 
 @nox.session(name="upstream-unit")
 def upstream_unit(session: nox.Session) -> None:
-    """Upstream lmcache 0.5.6's unit tests for its platform and multiprocess API (from its
-    sdist, cached in .nox/_interop/) against the core wheel; fails on any failure or error
-    of a test not listed in docs/compatibility.md, and prints the counts."""
+    """Upstream lmcache 0.5.6's unit tests for its platform, multiprocess and lmcache_native
+    API (from its sdist, cached in .nox/_interop/) against the core wheel; fails on any
+    failure or error of a test not listed in docs/compatibility.md, and prints the counts."""
     _install_wheels(session, [CORE])
     session.install(*_group("upstream-unit"))
     _load_session_module(ROOT / "tests_interop" / "upstream_unit" / "nox_session.py").run(session)

@@ -41,6 +41,7 @@ SDIST_SHA256 = "d6951e60ce8818a76aa42d0866a4ba85f1c95cd919355fff30ff24dcc3243f1e
 SELECTED = (
     "tests/v1/platform",
     "tests/v1/multiprocess",
+    "tests/v1/lmcache_native",
     "tests/v1/test_torch_ops.py",
     "tests/v1/test_memory_management.py",
 )

@@ -26,12 +26,20 @@ def test_native_names_are_the_ops_types_objects() -> None:
     assert lmcache_native.EngineKVFormat.NL_X_NB_BS_NH_HS == 18
     assert lmcache_native.GPUKVFormat is lmcache_native.EngineKVFormat
     assert lmcache_native.is_mla(lmcache_native.EngineKVFormat.NL_X_NB_BS_HS)
-    # Upstream's server helpers are the pure-Python ones; the rest of its natives are not.
-    from lmcache.v1.native_compat import Bitmap, PeriodicEventNotifier
+    # Upstream's general helpers are the pure-Python ones; its fold / unfold are not.
+    from lmcache.v1 import native_compat
 
-    assert lmcache_native.Bitmap is Bitmap
-    assert lmcache_native.PeriodicEventNotifier is PeriodicEventNotifier
-    assert not hasattr(lmcache_native, "TTLLock")
+    for name in native_compat.__all__:
+        assert getattr(lmcache_native, name) is getattr(native_compat, name)
+    assert set(native_compat.__all__) == {
+        "Bitmap",
+        "ParallelPatternMatcher",
+        "PeriodicEventNotifier",
+        "RangePatternMatcher",
+        "TTLLock",
+    }
+    for name in ("fold", "unfold", "fold_grouped", "unfold_grouped"):
+        assert not hasattr(lmcache_native, name)
 
 
 @pytest.fixture

@@ -7,16 +7,23 @@ lmcache-core has no core extension:
 * the enums, structs and predicates are the pure-Python ones of
   :mod:`lmcache.v1.platform.ops_types`, which every backend's ``DeviceOps`` uses, so a
   value taken from here is interchangeable with one from ``device_ops``;
-* ``Bitmap`` and ``PeriodicEventNotifier`` are pure-Python equivalents with upstream's
-  API and semantics (:mod:`lmcache.v1.native_compat`); upstream's test suites for its
-  MP server feature-detect these two with ``hasattr``.
+* ``Bitmap``, ``PeriodicEventNotifier``, ``TTLLock``, ``ParallelPatternMatcher`` and
+  ``RangePatternMatcher`` are pure-Python equivalents with upstream's API and semantics
+  (:mod:`lmcache.v1.native_compat`); upstream's test suites for its MP server and for
+  ``lmcache_native`` itself feature-detect them with ``hasattr``.
 
-Upstream's other native helpers (``TTLLock``, ``ParallelPatternMatcher``,
-``RangePatternMatcher``, ``fold`` / ``unfold``) are not provided; ``hasattr`` sees them
-absent.
+Upstream's ``fold`` / ``unfold`` and ``fold_grouped`` / ``unfold_grouped`` (folding
+per-chunk presence bitmaps into servable prefix lengths, for its MP server's lookups) are
+not provided; ``hasattr`` sees them absent.
 """
 
-from lmcache.v1.native_compat import Bitmap, PeriodicEventNotifier
+from lmcache.v1.native_compat import (
+    Bitmap,
+    ParallelPatternMatcher,
+    PeriodicEventNotifier,
+    RangePatternMatcher,
+    TTLLock,
+)
 from lmcache.v1.platform.ops_types import (
     EngineKVFormat,
     GPUKVFormat,
@@ -36,7 +43,10 @@ __all__ = [
     "GPUKVFormat",
     "KernelGroupSpec",
     "PageBufferShapeDesc",
+    "ParallelPatternMatcher",
     "PeriodicEventNotifier",
+    "RangePatternMatcher",
+    "TTLLock",
     "TransferDirection",
     "is_cross_layer",
     "is_kv_list",

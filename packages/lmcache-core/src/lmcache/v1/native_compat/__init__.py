@@ -1,7 +1,8 @@
 """Pure-Python counterparts of upstream LMCache 0.5.6's native (C++) server helpers.
 
 Upstream's ``lmcache.lmcache_native`` extension holds, besides the KV-format enums, a few
-general-purpose helpers its MP server is written against.  Code written for upstream
+general-purpose helpers its MP server is written against (a bitmap, a periodic fd
+notifier, a counting lock with a TTL, integer-sequence pattern matchers).  Code written for upstream
 feature-detects them on ``lmcache.lmcache_native`` (its test suites skip without them),
 so they are provided here, one per module, with upstream's Python API and semantics,
 and re-exported from :mod:`lmcache.lmcache_native`.  Nothing here imports the rest of
@@ -9,6 +10,14 @@ lmcache.
 """
 
 from lmcache.v1.native_compat.bitmap import Bitmap
+from lmcache.v1.native_compat.pattern_matcher import ParallelPatternMatcher, RangePatternMatcher
 from lmcache.v1.native_compat.periodic_event_notifier import PeriodicEventNotifier
+from lmcache.v1.native_compat.ttl_lock import TTLLock
 
-__all__ = ["Bitmap", "PeriodicEventNotifier"]
+__all__ = [
+    "Bitmap",
+    "ParallelPatternMatcher",
+    "PeriodicEventNotifier",
+    "RangePatternMatcher",
+    "TTLLock",
+]
