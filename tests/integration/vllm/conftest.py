@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,17 +14,19 @@ import pytest
 from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError, free_url
 
 
-@pytest.fixture
-def small_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """Starts ``lmcache server`` (64 MiB L1, no HTTP/metrics ports) on a free local port
-    with extra flags; returns its URL once it answers.  Stopped at teardown."""
-    procs: list[subprocess.Popen[bytes]] = []
+class SmallServers:
+    """``lmcache server`` processes (64 MiB L1, no HTTP/metrics ports) on free local ports;
+    calling it starts one with extra flags and returns its URL once it answers."""
 
-    def start(*extra: str) -> str:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def __call__(self, *extra: str) -> str:
         url = free_url()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
         env.pop("LMCACHE_ADMIN_TOKEN", None)
-        log_path = tmp_path / f"server-{len(procs)}.log"
+        log_path = self.log_dir / f"server-{len(self.procs)}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lmcache.cli.main", "server", "--port",
@@ -32,7 +34,7 @@ def small_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
                  "--prometheus-port", "0", *extra],
                 stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
-        procs.append(proc)
+        self.procs[url] = proc
         deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None, log_path.read_text(errors="replace")
@@ -43,10 +45,24 @@ def small_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
                 assert time.monotonic() < deadline, "server did not come up"
                 time.sleep(0.1)
 
-    yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    def kill(self, url: str) -> None:
+        """``kill -9`` of the server at ``url``."""
+        proc = self.procs[url]
+        proc.kill()
+        proc.wait(15)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def small_server(tmp_path: Path) -> Iterator[SmallServers]:
+    """Starts servers on demand (see :class:`SmallServers`); all stopped at teardown."""
+    servers = SmallServers(tmp_path)
+    yield servers
+    servers.stop_all()

@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from prerequisites import require_module
@@ -64,11 +65,11 @@ def test_vllm_factory_resolves_our_class() -> None:
     assert not getattr(cls, "__abstractmethods__", None)
 
 
-def _fake_vllm_config(port: int, **extra: object) -> SimpleNamespace:
+def _fake_vllm_config(port: int, tp: int = 1, **extra: object) -> SimpleNamespace:
     return SimpleNamespace(
         kv_transfer_config=_transfer_config(port, **extra),
         model_config=SimpleNamespace(model="m", served_model_name="m"),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1),
         cache_config=SimpleNamespace(block_size=32),
     )
 
@@ -127,3 +128,48 @@ def test_autostart_starts_one_server_for_both_roles_and_stops_it(
 
 # Needs vLLM: the vllm-e2e nox session runs exactly these files (-m vllm).
 pytestmark = pytest.mark.vllm
+
+
+@pytest.mark.parametrize("placement", ["auto", "rank"])
+def test_rank_placement_wires_each_role_as_upstream(
+    small_server: Any, monkeypatch: pytest.MonkeyPatch, placement: str
+) -> None:
+    """TP=2 over two servers: the scheduler asks both (one side, world size 1 each); the
+    worker of rank 1 connects to the second server only, as rank 0 of its one worker."""
+    from lmcache.integration.vllm import lmcache_mp_connector
+    from lmcache.integration.vllm.server_placement import LinkGroup
+
+    urls = [small_server(), small_server()]
+    config = _fake_vllm_config(
+        5555,  # the port is ignored: server_urls wins
+        tp=2,
+        **{"lmcache.mp.server_urls": ",".join(urls), "lmcache.mp.server_placement": placement},
+    )
+    scheduler = LMCacheMPConnector(config, KVConnectorRole.SCHEDULER, None)
+    monkeypatch.setattr(lmcache_mp_connector, "tp_rank", lambda: 1)
+    worker = LMCacheMPConnector(config, KVConnectorRole.WORKER, None)
+    try:
+        assert scheduler.placement == worker.placement == "rank"
+        [side] = scheduler._scheduler.sides
+        assert isinstance(side.link, LinkGroup) and side.world_size == 1
+        assert [link.url for link in side.link.links] == urls
+        assert [link.url for link in worker.links] == [urls[1]]
+        [worker_side] = worker._worker.sides
+        assert (worker_side.world_size, worker_side._fixed_rank) == (1, 0)
+    finally:
+        scheduler.shutdown()
+        worker.shutdown()
+
+
+def test_prefix_placement_keeps_every_server_on_every_side(small_server: Any) -> None:
+    urls = [small_server(), small_server()]
+    config = _fake_vllm_config(
+        5555, tp=2, **{"lmcache.mp.server_urls": urls, "lmcache.mp.server_placement": "prefix"}
+    )
+    worker = LMCacheMPConnector(config, KVConnectorRole.WORKER, None)
+    try:
+        assert worker.placement == "prefix"
+        assert [side.link.url for side in worker._worker.sides] == urls
+        assert all(side.world_size == 2 for side in worker._worker.sides)
+    finally:
+        worker.shutdown()

@@ -7,6 +7,10 @@ register their KV shard with one real server, store the same prompt and load it 
 asynchronously.  Checks: the TP group hits only once both ranks stored; each rank gets
 back its own shard, bit-exact, reported through ``finished_loads`` (``get_finished``).
 No vLLM needed.
+
+The second test runs the same two ranks under rank placement (``lmcache.mp.server_placement``,
+upstream's meaning of ``server_urls``) over two servers: each rank talks only to its own
+server, and the scheduler's lookup (a ``LinkGroup`` over both) hits only what both hold.
 """
 
 from __future__ import annotations
@@ -31,18 +35,22 @@ def server_url(small_server: Callable[..., str]) -> str:
     return small_server("--chunk-size", str(CHUNK_SIZE))
 
 
-def _rank_main(url: str, rank: int, commands: Any, results: Any) -> None:
-    """One TP rank: register, then follow the parent's commands ("store", "load", "stop")."""
+def _rank_main(urls: list[str], rank: int, commands: Any, results: Any) -> None:
+    """One TP rank: register, then follow the parent's commands ("store", "load", "stop").
+    One URL: every rank on that server; two: rank placement (rank r on server r)."""
     from lmcache.integration.vllm import worker_side
     from lmcache.integration.vllm.mp_client import ServerLink
     from lmcache.integration.vllm.mp_config import parse_extra_config
     from lmcache.integration.vllm.scheduler_state import LMCacheMPRequestMetadata, LoadStoreOp
+    from lmcache.integration.vllm.server_placement import server_of_rank
 
     worker_side.tp_rank = lambda: rank  # what vLLM's parallel state says in a real worker
     config = parse_extra_config({"lmcache.mp.mp_transfer_mode": "engine_driven"}, env={})
-    link = ServerLink(url, 30.0, "", BLOCK_SIZE)
+    server, rank_on_server = server_of_rank(rank, 2, len(urls))
+    link = ServerLink(urls[server], 30.0, "", BLOCK_SIZE)
     assert link.open()
-    worker = worker_side.WorkerSide(link, config, MODEL, 2, BLOCK_SIZE)
+    fixed_rank = None if len(urls) == 1 else rank_on_server
+    worker = worker_side.WorkerSide(link, config, MODEL, 2 // len(urls), BLOCK_SIZE, fixed_rank)
     torch.manual_seed(100 + rank)  # each rank's shard differs
     kv = {
         f"layer.{i}": torch.randn(NUM_BLOCKS, NUM_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE)
@@ -98,7 +106,7 @@ def test_two_rank_processes_register_store_and_load_their_own_shards(server_url:
     commands = [ctx.Queue() for _ in range(2)]
     results = ctx.Queue()
     ranks = [
-        ctx.Process(target=_rank_main, args=(server_url, r, commands[r], results), daemon=True)
+        ctx.Process(target=_rank_main, args=([server_url], r, commands[r], results), daemon=True)
         for r in range(2)
     ]
     for proc in ranks:
@@ -121,6 +129,73 @@ def test_two_rank_processes_register_store_and_load_their_own_shards(server_url:
             assert errors == [], (rank, errors)
             assert same, f"rank {rank} did not get its own shard back"
         assert loaded[0][5] != loaded[1][5]  # the shards differ: keys carry the rank
+    finally:
+        for queue in commands:
+            queue.put("stop")
+        for proc in ranks:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _lookup_over(urls: list[str], request_id: str) -> int:
+    """The scheduler's lookup under rank placement: every server asked, smallest hit."""
+    from lmcache.integration.vllm.lookup_thread import LookupThread
+    from lmcache.integration.vllm.mp_client import ServerLink
+    from lmcache.integration.vllm.server_placement import LinkGroup
+    from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+
+    links = [ServerLink(url, 10.0, "", BLOCK_SIZE) for url in urls]
+    for link in links:
+        link.open(warn=False)
+    lookups = LookupThread(LinkGroup(links), 1, 5.0)
+    try:
+        key = IPCCacheServerKey.from_token_ids(MODEL, 1, None, PROMPT, request_id=request_id)
+        lookups.submit(request_id, key)
+        deadline = time.monotonic() + 30
+        while (hit := lookups.result(request_id)) is None:
+            assert time.monotonic() < deadline, "the lookup never finished"
+            time.sleep(0.01)
+        lookups.end_session(request_id)
+        return hit
+    finally:
+        lookups.close()
+        for link in links:
+            link.close()
+
+
+def test_rank_placement_puts_each_rank_on_its_own_server(small_server: Any) -> None:
+    from lmcache.integration.vllm.lookup_thread import LOOKUP_FAILED
+
+    urls = [small_server("--chunk-size", str(CHUNK_SIZE)) for _ in range(2)]
+    ctx = mp.get_context("spawn")
+    commands = [ctx.Queue() for _ in range(2)]
+    results = ctx.Queue()
+    ranks = [
+        ctx.Process(target=_rank_main, args=(urls, r, commands[r], results), daemon=True)
+        for r in range(2)
+    ]
+    for proc in ranks:
+        proc.start()
+    try:
+        _expect(results, "registered", 2)
+        for url in urls:  # one worker each, not two on both
+            with MPClient(url, timeout=5) as client:
+                assert int(getattr(client.get_stats(), "engine_driven_workers", 0)) == 1
+        commands[0].put("store")
+        _expect(results, "stored", 1)
+        assert _lookup_over(urls, "q1") == 0  # server 1 lacks rank 1's shard
+        commands[1].put("store")
+        _expect(results, "stored", 1)
+        assert _lookup_over(urls, "q2") == len(PROMPT) // CHUNK_SIZE
+        for queue in commands:
+            queue.put("load")
+        loaded = _expect(results, "loaded", 2)
+        for _, rank, finished, errors, same, _ in loaded:
+            assert (finished, errors, same) == (["l"], [], True), rank
+        # Server 1 gone: every lookup is a miss (upstream's semantics), none hangs.
+        small_server.kill(urls[1])
+        assert _lookup_over(urls, "q3") == LOOKUP_FAILED
     finally:
         for queue in commands:
             queue.put("stop")

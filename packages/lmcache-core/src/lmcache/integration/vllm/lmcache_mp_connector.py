@@ -62,7 +62,12 @@ from lmcache.integration.vllm.scheduler_side import (
     SchedulerSide,
 )
 from lmcache.integration.vllm.scheduler_state import LMCacheMPRequestMetadata, LoadStoreOp
-from lmcache.integration.vllm.worker_side import TRANSFER_TIMEOUT_S, WorkerSide
+from lmcache.integration.vllm.server_placement import (
+    LinkGroup,
+    resolve_placement,
+    server_of_rank,
+)
+from lmcache.integration.vllm.worker_side import TRANSFER_TIMEOUT_S, WorkerSide, tp_rank
 from lmcache.v1.platform.ops_types import EngineKVFormat
 
 if TYPE_CHECKING:
@@ -134,11 +139,20 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self.model_name = _model_name(vllm_config)
         self.world_size = _tp_size(vllm_config)
         self.block_size = int(vllm_config.cache_config.block_size)
-        # One link, heartbeat and side per server (see multi_server): each server's
-        # outages and restarts are handled on their own.
+        n_servers = len(self.server_urls)
+        self.placement = resolve_placement(self.config.server_placement, self.world_size, n_servers)
+        # The global TP rank; with rank placement a worker talks to its block's server only.
+        self._tp_rank = tp_rank() if role == KVConnectorRole.WORKER else 0
+        urls = self.server_urls
+        self._rank_on_server: int | None = None
+        if self.placement == "rank" and role == KVConnectorRole.WORKER:
+            server, self._rank_on_server = server_of_rank(self._tp_rank, self.world_size, n_servers)
+            urls = [self.server_urls[server]]
+        # One link and heartbeat per server (see multi_server): each server's outages and
+        # restarts are handled on their own.
         self.links = [
             ServerLink(url, self.config.mq_timeout, self.config.start_server_hint, self.block_size)
-            for url in self.server_urls
+            for url in urls
         ]
         self.link = self.links[0]
         self.health = self.link.health
@@ -149,22 +163,15 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             for link in self.links:
                 link.close()
             raise
-        self._scheduler = SchedulerRouter(
-            [
-                SchedulerSide(link, self.config, self.model_name, self.world_size)
-                for link in self.links
-            ],
-            self.server_urls,
-            self.block_size,
-        )
-        self._worker = WorkerRouter(
-            [
-                WorkerSide(link, self.config, self.model_name, self.world_size, self.block_size)
-                for link in self.links
-            ],
-            self.server_urls,
-            self.block_size,
-        )
+        self._scheduler, self._worker = self._routers(role)
+        if n_servers > 1:
+            logger.info(
+                "LMCacheMPConnector (%s): %d servers, %s placement%s",
+                role.name.lower(),
+                n_servers,
+                self.placement,
+                f" (this worker: {urls[0]})" if self._rank_on_server is not None else "",
+            )
         self._heartbeats = [
             HeartbeatThread(link, self.config.heartbeat_interval) for link in self.links
         ]
@@ -190,6 +197,44 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             )
         for link, up in zip(self.links, connected):
             self._log_connection(role, link, up)
+
+    def _routers(self, role: KVConnectorRole) -> tuple[SchedulerRouter, WorkerRouter]:
+        """The sides of each role over ``self.links`` (see multi_server).
+
+        Prefix placement: a scheduler and a worker side per server, routed by prefix.
+        Rank placement: one scheduler side over every server (lookups take the smallest
+        hit) and one worker side on this rank's server, which sees ``world_size /
+        n_servers`` workers."""
+        if self.placement == "prefix":
+            scheduler = SchedulerRouter(
+                [
+                    SchedulerSide(link, self.config, self.model_name, self.world_size)
+                    for link in self.links
+                ],
+                self.server_urls,
+                self.block_size,
+            )
+            worker = WorkerRouter(
+                [
+                    WorkerSide(link, self.config, self.model_name, self.world_size, self.block_size)
+                    for link in self.links
+                ],
+                self.server_urls,
+                self.block_size,
+            )
+            return scheduler, worker
+        server_world = self.world_size // len(self.server_urls)
+        group = LinkGroup(self.links)
+        scheduler = SchedulerRouter(
+            [SchedulerSide(group, self.config, self.model_name, server_world)],
+            [group.url],
+            self.block_size,
+        )
+        own = self.links[0]  # a worker's only link; unused by the scheduler role
+        worker_side = WorkerSide(
+            own, self.config, self.model_name, server_world, self.block_size, self._rank_on_server
+        )
+        return scheduler, WorkerRouter([worker_side], [own.url], self.block_size)
 
     def _log_connection(self, role: KVConnectorRole, link: ServerLink, connected: bool) -> None:
         if connected:
@@ -310,7 +355,7 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def get_kv_connector_kv_cache_events(self) -> LMCacheMPKVEvents | None:
         """Worker: the server's cache changes since the last step (TP rank 0 only)."""
-        if not self._kv_event_followers or self._worker.rank != 0:
+        if not self._kv_event_followers or self._tp_rank != 0:
             return None
         events = [event for f in self._kv_event_followers for event in f.get_kv_events()]
         if not events:

@@ -16,11 +16,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmcache.integration.vllm.mp_client import ServerLink
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
+
+if TYPE_CHECKING:
+    from lmcache.integration.vllm.server_placement import LinkGroup
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ POLL_INTERVAL_S = 0.002
 class LookupThread:
     """One per scheduler side; started on first use, stopped by ``close``."""
 
-    def __init__(self, link: ServerLink, world_size: int, call_timeout: float) -> None:
+    def __init__(self, link: ServerLink | LinkGroup, world_size: int, call_timeout: float) -> None:
         self._link = link
         self._world_size = world_size
         self._timeout = call_timeout

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lmcache.integration.vllm.lazy_offload import LazyOffloadConfig, LazyOffloadPolicy
+from lmcache.integration.vllm.server_placement import PLACEMENTS
 from lmcache.v1.platform.transfer_mode import ENV_MP_TRANSFER_MODE, MPTransferMode
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "async_load": True,
     "transfer_intermediate_tensors": False,
     "autostart": False,
+    # Ours: "prefix" (each prefix on one server), "rank" (upstream's: TP ranks split over
+    # the servers) or "auto" (rank where the world size allows it); see .server_placement.
+    "server_placement": "auto",
     "autostart.server_args": (),
     "autostart.wait_timeout": 90.0,
 }
@@ -153,6 +157,7 @@ class MPConnectorConfig:
     autostart: bool = False
     autostart_server_args: tuple[str, ...] = ()
     autostart_wait_timeout: float = 90.0
+    server_placement: str = "auto"
     # lmcache.mp.lazy_offload: stores deferred by a policy (see .lazy_offload); None = off.
     lazy_offload: LazyOffloadConfig | None = None
 
@@ -224,6 +229,7 @@ def parse_extra_config(
     _check_autostart(values, urls)
     return MPConnectorConfig(
         lazy_offload=_lazy_offload_config(get) if get("lazy_offload") else None,
+        server_placement=_server_placement(get("server_placement")),
         server_urls=tuple(urls),
         mq_timeout=float(get("mq_timeout")),
         heartbeat_interval=float(get("heartbeat_interval")),
@@ -240,6 +246,15 @@ def parse_extra_config(
         autostart_server_args=tuple(get("autostart.server_args")),
         autostart_wait_timeout=float(get("autostart.wait_timeout")),
     )
+
+
+def _server_placement(value: str) -> str:
+    placement = value.lower()
+    if placement not in PLACEMENTS:
+        raise ValueError(
+            f"{PREFIX}server_placement must be one of {', '.join(PLACEMENTS)}, got {value!r}"
+        )
+    return placement
 
 
 def _lazy_offload_config(get: Callable[[str], Any]) -> LazyOffloadConfig:

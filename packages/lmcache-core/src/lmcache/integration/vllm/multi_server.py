@@ -20,10 +20,14 @@ worker side, so outage detection, restart and re-registration work per server: a
 server turns only its prefixes into misses (one warning per outage), the others keep
 serving.
 
-Upstream LMCache 0.5.6 uses ``server_urls`` differently: it splits the TP ranks into one
-contiguous block per server (``world_size % n_servers == 0``), every chunk is on every
-server (each server holds its ranks' share of the KV), and one dead server switches the
-cache off for everyone.  The config key and its parsing are the same; the placement is not.
+That is *prefix* placement.  Upstream LMCache 0.5.6 places by *rank* instead, and so can
+this connector (``lmcache.mp.server_placement``; ``auto``, the default, picks ``rank``
+wherever upstream accepts the configuration): the TP ranks are split into one contiguous
+block per server (``world_size % n_servers == 0``, typically one server per node), each
+worker talks only to its block's server, which sees ``world_size / n_servers`` workers;
+every chunk is on every server (each holding its ranks' share of the KV); the scheduler
+asks every server (:class:`~.server_placement.LinkGroup`) and takes the smallest hit; one
+dead server turns every lookup into a miss until it is back.
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
+    from lmcache.integration.vllm.server_placement import LinkGroup
+
 logger = logging.getLogger(__name__)
 
 # A live server answers a lookup in milliseconds.
@@ -74,7 +76,11 @@ class SchedulerSide:
     """Per-request lookup and load/store planning (one per scheduler)."""
 
     def __init__(
-        self, link: ServerLink, config: MPConnectorConfig, model_name: str, world_size: int
+        self,
+        link: ServerLink | LinkGroup,
+        config: MPConnectorConfig,
+        model_name: str,
+        world_size: int,
     ) -> None:
         self.link = link
         self.config = config

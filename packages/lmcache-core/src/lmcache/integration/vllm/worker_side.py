@@ -56,8 +56,13 @@ class WorkerSide:
         model_name: str,
         world_size: int,
         block_size: int,
+        rank: int | None = None,
     ) -> None:
+        """``world_size`` and ``rank``: the workers this server sees and this one's place
+        among them (rank placement gives each server a block of the TP ranks); ``rank``
+        None = vLLM's TP rank, read when the KV cache registers."""
         self.link = link
+        self._fixed_rank = rank
         self.config = config
         self.model_name = model_name
         self.world_size = world_size
@@ -92,7 +97,7 @@ class WorkerSide:
             from lmcache.integration.vllm.cpu_shm_remap import remap_kv_caches_to_shm
 
             remap_kv_caches_to_shm(list(kv_caches.values()))
-        self._rank = tp_rank()
+        self._rank = tp_rank() if self._fixed_rank is None else self._fixed_rank
         self._instance_id = new_instance_id()
         self.layout = layout
         self._views = views
