@@ -32,36 +32,14 @@ from lmcache.v1.multiprocess.worker.client import MPClient, ServerError
 TOKEN = "s3cret-admin-token-" + "0123456789abcdef"
 WRONG = "not-the-admin-token-0123456789abcdef"
 
-# Every wire operation that is *not* admin, reviewed: each either touches only the caller's
-# own request/worker state or reads.  A new operation must be added here or marked admin.
-REVIEWED_NON_ADMIN = frozenset(
+# The operations that only read server-wide facts (protocol.Access.READ), reviewed: none
+# changes state.  Every other operation but the admin ones acts for its caller only.
+READ_ONLY = frozenset(
     {
-        "register_kv_cache",
-        "unregister_kv_cache",
-        "store",
-        "retrieve",
-        "lookup",
-        "query_prefetch_status",
-        "wait_prefetch_status",
-        "query_prefetch_progress",
-        "free_lookup_locks",
-        "end_session",
-        "register_kv_cache_engine_driven_context",
-        "unregister_kv_cache_engine_driven_context",
-        "prepare_store",
-        "commit_store",
-        "prepare_retrieve",
-        "commit_retrieve",
         "get_chunk_size",
-        "ping",
-        "report_block_allocation",
         "noop",
         "get_experimental",
-        "protocol_handshake",
-        "set_engine_driven_sub_path",
         "get_stats",
-        "commit_store_frames",
-        "retrieve_frames",
         # Reads only the announced chunk hashes of a model (no data, no state change).
         "subscribe_kv_events",
     }
@@ -131,9 +109,16 @@ def _error_code(reply: list[Any]) -> str:
 # -- the RPC table ---------------------------------------------------------------------------
 
 
-def test_every_operation_is_reviewed_admin_or_not() -> None:
-    assert frozenset({"clear"}) == protocol.ADMIN_OPERATIONS
-    assert set(protocol.RPC_SPECS) == REVIEWED_NON_ADMIN | protocol.ADMIN_OPERATIONS
+def test_every_operation_declares_what_it_may_touch() -> None:
+    by_access = {
+        access: {name for name, spec in protocol.RPC_SPECS.items() if spec.access is access}
+        for access in protocol.Access
+    }
+    assert by_access[protocol.Access.ADMIN] == {"clear"} == protocol.ADMIN_OPERATIONS
+    assert by_access[protocol.Access.READ] == READ_ONLY
+    # No default: a new operation cannot be added without deciding.
+    with pytest.raises(TypeError, match="access"):
+        protocol.RpcSpec("new_op", (), None)  # type: ignore[call-arg]
     for name in protocol.ADMIN_OPERATIONS:
         spec = protocol.RPC_SPECS[name]
         # The token is an optional trailing payload: upstream clients never send it.

@@ -11,7 +11,7 @@ import pytest
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.transport import bind_handlers
 from lmcache.v1.multiprocess.wire import protocol
-from lmcache.v1.multiprocess.wire.protocol import RPC_SPECS, Pool, RpcSpec
+from lmcache.v1.multiprocess.wire.protocol import RPC_SPECS, Access, Pool, RpcSpec
 
 # Requests of one client that must run in its order (registration before its transfers,
 # prepare before commit) share that client's affinity executor.
@@ -55,7 +55,14 @@ def test_ordered_operations_run_in_the_client_affinity_pool() -> None:
 
 def test_bulk_frames_need_every_payload_and_bound_the_request() -> None:
     with pytest.raises(ValueError, match="every payload required"):
-        RpcSpec("x", (("a", int), ("b", int)), bool, required=1, bulk_frames=4)
+        RpcSpec(
+            "x",
+            (("a", int), ("b", int)),
+            bool,
+            required=1,
+            bulk_frames=4,
+            access=Access.CALLER,
+        )
     spec = RPC_SPECS["commit_store_frames"]
     frames = [b"p"] * len(spec.payloads) + [b""] * spec.bulk_frames
     payloads, bulk = protocol.split_bulk(spec, frames)
@@ -71,14 +78,16 @@ def test_bulk_frames_need_every_payload_and_bound_the_request() -> None:
 
 
 def test_the_handler_defaults_to_the_operation_and_can_be_named() -> None:
-    assert RpcSpec("noop", (), str).handler == "noop"
-    assert RpcSpec("noop", (), str, handler="ping").handler == "ping"
+    assert RpcSpec("noop", (), str, access=Access.READ).handler == "noop"
+    assert RpcSpec("noop", (), str, handler="ping", access=Access.READ).handler == "ping"
 
 
 def test_a_table_entry_without_a_method_fails_at_binding(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    broken = dict(RPC_SPECS, noop=RpcSpec("noop", (), str, handler="no_such_method"))
+    broken = dict(
+        RPC_SPECS, noop=RpcSpec("noop", (), str, handler="no_such_method", access=Access.READ)
+    )
     monkeypatch.setattr(protocol, "RPC_SPECS", broken)
     with pytest.raises(TypeError, match="no_such_method"):
         bind_handlers(object.__new__(MPCacheServer))

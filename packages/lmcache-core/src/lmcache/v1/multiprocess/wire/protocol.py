@@ -143,6 +143,21 @@ class Pool(str, enum.Enum):
     INLINE = "inline"
 
 
+class Access(str, enum.Enum):
+    """What an operation may touch: declared per operation, so that adding one means
+    deciding which (the admin gate and its tests read it)."""
+
+    # Acts for the calling worker or request only: its registration, liveness, lookups,
+    # sessions, and the chunks it stores or retrieves under its own keys.
+    CALLER = "caller"
+    # Reads server-wide facts (chunk size, counters, announced chunk hashes); changes
+    # nothing.
+    READ = "read"
+    # Acts on every worker's data or on server-wide state: refused unless the server runs
+    # with --enable-admin-ops; the last payload is the optional admin token.
+    ADMIN = "admin"
+
+
 @dataclasses.dataclass(frozen=True)
 class RpcSpec:
     """One operation: payload names and types in order, how many are required, the response,
@@ -150,9 +165,10 @@ class RpcSpec:
 
     Payload types carry their bounds (msgspec ``Meta`` constraints, see
     :mod:`~lmcache.v1.multiprocess.wire.custom_types`), so decoding is validation.
-    ``admin`` operations act on every worker's data or on server-wide state: the server
-    refuses them unless it runs with ``--enable-admin-ops``, and their last payload is the
-    optional admin token (see :mod:`lmcache.v1.multiprocess.wire.security`).
+    ``access`` (required, see :class:`Access`) says what the operation may touch;
+    ``ADMIN`` operations are refused unless the server runs with ``--enable-admin-ops``,
+    and their last payload is the optional admin token (see
+    :mod:`lmcache.v1.multiprocess.wire.security`).
     ``handler`` names the ``MPCacheServer`` method called with the decoded payloads (the
     operation's own name unless given); the transport binds it once at start-up.
     """
@@ -161,7 +177,6 @@ class RpcSpec:
     payloads: tuple[tuple[str, Any], ...]
     response_type: Any
     required: int | None = None
-    admin: bool = False
     pool: Pool = Pool.INLINE
     handler: str = ""
     # Raw chunk frames after the payloads (the framed inline sub-path): at most this many
@@ -170,6 +185,8 @@ class RpcSpec:
     bulk_frames: int = 0
     # The handler returns a :class:`BulkReply`: its frames follow the response frame.
     bulk_reply: bool = False
+    # Keyword-only and without a default: every operation states it.
+    access: Access = dataclasses.field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.handler:
@@ -177,6 +194,10 @@ class RpcSpec:
         if self.bulk_frames and self.min_payloads != len(self.payloads):
             # Bulk frames start where the payloads end: every payload must be present.
             raise ValueError(f"{self.operation}: bulk frames need every payload required")
+
+    @property
+    def admin(self) -> bool:
+        return self.access is Access.ADMIN
 
     @property
     def payload_types(self) -> tuple[Any, ...]:
@@ -223,13 +244,17 @@ RPC_SPECS: dict[str, RpcSpec] = {
             None,
             required=4,
             pool=Pool.AFFINITY,
+            access=Access.CALLER,
         ),
-        RpcSpec("unregister_kv_cache", (_INSTANCE,), None, pool=Pool.AFFINITY),
+        RpcSpec(
+            "unregister_kv_cache", (_INSTANCE,), None, pool=Pool.AFFINITY, access=Access.CALLER
+        ),
         RpcSpec(
             "store",
             (_KEY, _INSTANCE, ("block_ids", BlockIds), ("event_handle", Handle)),
             tuple[bytes, bool],
             pool=Pool.AFFINITY,
+            access=Access.CALLER,
         ),
         RpcSpec(
             "retrieve",
@@ -243,44 +268,85 @@ RPC_SPECS: dict[str, RpcSpec] = {
             tuple[bytes, bool],
             required=4,
             pool=Pool.AFFINITY,
+            access=Access.CALLER,
         ),
-        RpcSpec("lookup", (_KEY, _TP_SIZE), None, pool=Pool.SHARED),
-        RpcSpec("query_prefetch_status", (_REQUEST_ID,), int | None, pool=Pool.SHARED),
+        RpcSpec("lookup", (_KEY, _TP_SIZE), None, pool=Pool.SHARED, access=Access.CALLER),
+        RpcSpec(
+            "query_prefetch_status",
+            (_REQUEST_ID,),
+            int | None,
+            pool=Pool.SHARED,
+            access=Access.CALLER,
+        ),
         RpcSpec(
             "wait_prefetch_status",
             (_REQUEST_ID, ("timeout", Timeout)),
             int | None,
             pool=Pool.SHARED,
+            access=Access.CALLER,
         ),
-        RpcSpec("free_lookup_locks", (_KEY, _TP_SIZE), None, pool=Pool.SHARED),
-        RpcSpec("end_session", (_REQUEST_ID,), None, pool=Pool.SHARED),
+        RpcSpec(
+            "free_lookup_locks", (_KEY, _TP_SIZE), None, pool=Pool.SHARED, access=Access.CALLER
+        ),
+        RpcSpec("end_session", (_REQUEST_ID,), None, pool=Pool.SHARED, access=Access.CALLER),
         RpcSpec(
             "register_kv_cache_engine_driven_context",
             (("payload", RegisterEngineDrivenContextPayload),),
             RegisterEngineDrivenContextResponse,
             pool=Pool.AFFINITY,
+            access=Access.CALLER,
         ),
         RpcSpec(
-            "unregister_kv_cache_engine_driven_context", (_INSTANCE,), None, pool=Pool.AFFINITY
+            "unregister_kv_cache_engine_driven_context",
+            (_INSTANCE,),
+            None,
+            pool=Pool.AFFINITY,
+            access=Access.CALLER,
         ),
-        RpcSpec("prepare_store", (_KEY, _INSTANCE), PrepareStoreResponse, pool=Pool.AFFINITY),
+        RpcSpec(
+            "prepare_store",
+            (_KEY, _INSTANCE),
+            PrepareStoreResponse,
+            pool=Pool.AFFINITY,
+            access=Access.CALLER,
+        ),
         # ``data`` is bounded by the request size limit (--max-message-mb).
         RpcSpec(
-            "commit_store", (_KEY, _INSTANCE, ("data", bytes)), bool, required=2, pool=Pool.AFFINITY
+            "commit_store",
+            (_KEY, _INSTANCE, ("data", bytes)),
+            bool,
+            required=2,
+            pool=Pool.AFFINITY,
+            access=Access.CALLER,
         ),
-        RpcSpec("prepare_retrieve", (_KEY, _INSTANCE), PrepareRetrieveResponse, pool=Pool.AFFINITY),
-        RpcSpec("commit_retrieve", (_KEY, _INSTANCE), bool, pool=Pool.AFFINITY),
+        RpcSpec(
+            "prepare_retrieve",
+            (_KEY, _INSTANCE),
+            PrepareRetrieveResponse,
+            pool=Pool.AFFINITY,
+            access=Access.CALLER,
+        ),
+        RpcSpec(
+            "commit_retrieve", (_KEY, _INSTANCE), bool, pool=Pool.AFFINITY, access=Access.CALLER
+        ),
         # Upstream sends at most ``force``; the trailing admin token is ours (optional).
         RpcSpec(
             "clear",
             (("force", bool), ("admin_token", ADMIN_TOKEN_TYPE)),
             None,
             required=0,
-            admin=True,
+            access=Access.ADMIN,
             pool=Pool.SHARED,
         ),
-        RpcSpec("get_chunk_size", (), int),
-        RpcSpec("ping", (("instance_id", InstanceId | None),), bool, required=0, pool=Pool.SHARED),
+        RpcSpec("get_chunk_size", (), int, access=Access.READ),
+        RpcSpec(
+            "ping",
+            (("instance_id", InstanceId | None),),
+            bool,
+            required=0,
+            pool=Pool.SHARED,
+            access=Access.CALLER,
+        ),
         RpcSpec(
             "report_block_allocation",
             (
@@ -292,18 +358,25 @@ RPC_SPECS: dict[str, RpcSpec] = {
                 ),
             ),
             None,
+            access=Access.CALLER,
         ),
-        RpcSpec("noop", (), str),
-        RpcSpec("get_experimental", (), list[str]),
+        RpcSpec("noop", (), str, access=Access.READ),
+        RpcSpec("get_experimental", (), list[str], access=Access.READ),
         # Additions (string ops on the wire): version handshake and counters.
-        RpcSpec("protocol_handshake", (("client_version", Int64),), tuple[int, bool]),
+        RpcSpec(
+            "protocol_handshake",
+            (("client_version", Int64),),
+            tuple[int, bool],
+            access=Access.CALLER,
+        ),
         RpcSpec(
             "set_engine_driven_sub_path",
             (_INSTANCE, ("sub_path", Annotated[str, Meta(max_length=64)])),
             bool,
             pool=Pool.AFFINITY,
+            access=Access.CALLER,
         ),
-        RpcSpec("get_stats", (), ServerStats, pool=Pool.SHARED),
+        RpcSpec("get_stats", (), ServerStats, pool=Pool.SHARED, access=Access.READ),
         # The framed inline sub-path: chunk bytes as their own frames, never msgpack.
         RpcSpec(
             "commit_store_frames",
@@ -311,6 +384,7 @@ RPC_SPECS: dict[str, RpcSpec] = {
             bool,
             pool=Pool.AFFINITY,
             bulk_frames=MAX_BULK_FRAMES,
+            access=Access.CALLER,
         ),
         RpcSpec(
             "retrieve_frames",
@@ -318,6 +392,7 @@ RPC_SPECS: dict[str, RpcSpec] = {
             PrepareRetrieveResponse,
             pool=Pool.AFFINITY,
             bulk_reply=True,
+            access=Access.CALLER,
         ),
         # Upstream streams batches (MessagingStream); ours answers one batch per call
         # without waiting, and the subscriber polls again from ``next_cursor``.
@@ -330,12 +405,14 @@ RPC_SPECS: dict[str, RpcSpec] = {
                 ("max_events", Annotated[int, Meta(ge=1, le=MAX_KV_EVENTS_PER_BATCH)]),
             ),
             KVEventBatch,
+            access=Access.READ,
         ),
         RpcSpec(
             "query_prefetch_progress",
             (_REQUEST_ID,),
             PrefetchProgress | None,
             pool=Pool.SHARED,
+            access=Access.CALLER,
         ),
     )
 }
