@@ -47,6 +47,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     RegisterEngineDrivenContextPayload,
 )
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode
+from lmcache.v1.platform.base.device_ops import DeviceOps
 from lmcache.v1.platform.kv_layout import dtype_from_name, dtype_name
 from lmcache.v1.platform.ops_types import TransferDirection
 from lmcache.v1.platform.transfer_mode import MPTransferMode
@@ -96,7 +97,7 @@ class EngineDrivenTransferContext(TransferContext):
         self.sub_path = ""
         self._pool: torch.Tensor | None = None
         self._registered = False
-        self._ops: Any = None
+        self._ops: DeviceOps | None = None
         self._payload: RegisterEngineDrivenContextPayload | None = None
         # The framed inline operations, until a server answers that it lacks them.
         self._framed = True
@@ -207,7 +208,8 @@ class EngineDrivenTransferContext(TransferContext):
         direction: TransferDirection,
         skip_blocks: int = 0,
     ) -> None:
-        assert self.layout is not None
+        if self.layout is None or self._ops is None:
+            raise RuntimeError("the KV cache is not registered")
         self._ops.multi_layer_block_kv_transfer(
             self._kv,
             objects,

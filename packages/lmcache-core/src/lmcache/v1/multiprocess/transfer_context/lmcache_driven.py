@@ -21,6 +21,7 @@ from lmcache.v1.multiprocess.transfer_context.base import (
 )
 from lmcache.v1.multiprocess.wire.custom_types import EngineType, IPCCacheServerKey
 from lmcache.v1.platform import get_device_spec
+from lmcache.v1.platform.base.event_ipc import EventIPCBackend
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.transfer_mode import MPTransferMode
@@ -28,7 +29,7 @@ from lmcache.v1.platform.transfer_mode import MPTransferMode
 logger = logging.getLogger(__name__)
 
 
-def require_event_ipc(device_type: str, device: Any) -> Any:
+def require_event_ipc(device_type: str, device: Any) -> EventIPCBackend:
     """The device's event-IPC backend, or ``ValueError`` naming what is missing."""
     spec = get_device_spec(device_type)
     backend_name = spec.backend_name if spec is not None else device_type
@@ -68,7 +69,7 @@ class LMCacheDrivenTransferContext(TransferContext):
         super().__init__(instance_id, req_client)
         self.device_type = device_type
         self._wrappers: list[DeviceIPCWrapper] = []
-        self._events: Any = None
+        self._events: EventIPCBackend | None = None
         self._registered = False
         self._registration: tuple[Any, ...] = ()
 
@@ -114,22 +115,29 @@ class LMCacheDrivenTransferContext(TransferContext):
         self.req_client.unregister_kv_cache(self.instance_id)
         return _done(None)
 
+    @property
+    def _event_ipc(self) -> EventIPCBackend:
+        if self._events is None:
+            raise RuntimeError("the KV cache is not registered (no event IPC backend yet)")
+        return self._events
+
     def create_recorded_event(self) -> Any:
         device = self._kv[0].device if self._kv else self.device_type
-        event = self._events.create_event(device)
-        self._events.record_event(event, None)
+        event = self._event_ipc.create_event(device)
+        self._event_ipc.record_event(event, None)
         return event
 
     def _handle(self, event: Any) -> bytes:
         if event is None:
             event = self.create_recorded_event()
         device = self._kv[0].device if self._kv else self.device_type
-        return bytes(self._events.export_event(event, device))
+        return bytes(self._event_ipc.export_event(event, device))
 
     def _await_server_event(self, handle: bytes) -> None:
         if handle:
             device = self._kv[0].device if self._kv else self.device_type
-            self._events.synchronize_event(self._events.import_event(handle, device), device)
+            events = self._event_ipc
+            events.synchronize_event(events.import_event(handle, device), device)
 
     def submit_store(
         self,
