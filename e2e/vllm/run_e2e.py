@@ -285,7 +285,9 @@ def main() -> int:
             f"lazy offload: OK, nothing stored after the first request, "
             f"{lazy_result['stored_after_b']} tokens once the next one came in; the first "
             f"prompt again retrieved {lazy_result['retrieved_by_a_again']} tokens from LMCache "
-            f"after vLLM evicted it; all {len(lazy)} prompts twice equal the baseline"
+            f"after vLLM evicted it; all {len(lazy)} prompts twice equal the baseline; "
+            f"reset_prefix_cache(reset_connector=True) emptied the server "
+            f"({lazy_result['l1_chunks_before_reset']} chunks before)"
         )
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("vllm e2e: all checks passed")

@@ -10,7 +10,9 @@ mode (the default ``EVICTION_AWARE`` policy):
 3. once A's first block has been evicted from vLLM's cache, A again: vLLM's prefix cache
    cannot serve it, LMCache does (the server's retrieved tokens grow);
 4. every prompt once more: each output equals the baseline token for token, so nothing
-   stale was stored, whichever of B, C, ... were stored or dropped.
+   stale was stored, whichever of B, C, ... were stored or dropped;
+5. ``reset_prefix_cache(reset_connector=True)`` empties the server (``clear``; the server
+   runs with ``--enable-admin-ops``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def run_lazy_offload(
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     port = free_port()
-    server = start_server(port, MODE, workdir / "server-lazy.log")
+    server = start_server(port, MODE, workdir / "server-lazy.log", "--enable-admin-ops")
     try:
         engine = make_lazy_llm(model, port)
 
@@ -95,6 +97,10 @@ def run_lazy_offload(
         )
         again = [a_again] + [generate(index)[0] for index in range(1, len(prompts))]
         final = server_stats(port)
+        assert final["l1_chunks"] > 0, final
+        assert engine.reset_prefix_cache(reset_connector=True), "the connector reset failed"
+        after_reset = server_stats(port)
+        assert after_reset["l1_chunks"] == 0, f"the reset left chunks: {after_reset}"
         for index, baseline in enumerate(baselines):
             assert outputs[index] == baseline, f"prompt {index}: {outputs[index]} != {baseline}"
             assert again[index] == baseline, f"prompt {index} again: {again[index]} != {baseline}"
@@ -105,6 +111,7 @@ def run_lazy_offload(
             - before_a_again["retrieved_tokens"],
             "a_again_s": round(a_again_s, 4),
             "final_stats": final,
+            "l1_chunks_before_reset": final["l1_chunks"],
         }
     finally:
         stop_server(server)

@@ -173,3 +173,26 @@ def test_prefix_placement_keeps_every_server_on_every_side(small_server: Any) ->
         assert all(side.world_size == 2 for side in worker._worker.sides)
     finally:
         worker.shutdown()
+
+
+def test_reset_cache_clears_every_server_or_says_why_not(
+    small_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's reset_prefix_cache(reset_connector=True) lands here: ``clear`` on every
+    server, an admin operation each server must allow."""
+    open_url, closed_url = small_server("--enable-admin-ops"), small_server()
+    allowed = _fake_vllm_config(5555, **{"lmcache.mp.server_urls": open_url})
+    both = _fake_vllm_config(5555, **{"lmcache.mp.server_urls": [open_url, closed_url]})
+    scheduler = LMCacheMPConnector(allowed, KVConnectorRole.SCHEDULER, None)
+    mixed = LMCacheMPConnector(both, KVConnectorRole.SCHEDULER, None)
+    worker = LMCacheMPConnector(allowed, KVConnectorRole.WORKER, None)
+    try:
+        assert scheduler.reset_cache() is True
+        with caplog.at_level(logging.WARNING, logger="lmcache.integration.vllm"):
+            assert mixed.reset_cache() is False
+        assert closed_url in caplog.text and "--enable-admin-ops" in caplog.text
+        assert open_url not in caplog.text  # that one cleared
+        assert worker.reset_cache() is None
+    finally:
+        for connector in (scheduler, mixed, worker):
+            connector.shutdown()

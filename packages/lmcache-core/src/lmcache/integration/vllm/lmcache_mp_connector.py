@@ -68,6 +68,7 @@ from lmcache.integration.vllm.server_placement import (
     server_of_rank,
 )
 from lmcache.integration.vllm.worker_side import TRANSFER_TIMEOUT_S, WorkerSide, tp_rank
+from lmcache.v1.multiprocess.worker.client import MPClientError
 from lmcache.v1.platform.ops_types import EngineKVFormat
 
 if TYPE_CHECKING:
@@ -285,6 +286,34 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._scheduler.build_connector_meta(scheduler_output)
+
+    def reset_cache(self) -> bool | None:
+        """Scheduler: clear every server's cache (vLLM's ``reset_prefix_cache`` with
+        ``reset_connector``); True when every server cleared, False otherwise (logged).
+
+        ``clear`` is an admin operation: each server must run with ``--enable-admin-ops``,
+        and its admin token, if it has one, is read from ``$LMCACHE_ADMIN_TOKEN`` in vLLM's
+        environment.  Objects a transfer is using stay (the server's rule); requests keep
+        their trackers."""
+        if self._role != KVConnectorRole.SCHEDULER:
+            return None
+        cleared = True
+        for link in self.links:
+            try:
+                link.run("clear", lambda client: client.clear())
+            except MPClientError as exc:
+                cleared = False
+                code = getattr(exc, "code", "")
+                hint = (
+                    " (start the server with --enable-admin-ops, and give vLLM its admin "
+                    "token in $LMCACHE_ADMIN_TOKEN)"
+                    if code in ("forbidden", "unauthorized")
+                    else ""
+                )
+                logger.warning("LMCache cache reset on %s failed: %s%s", link.url, exc, hint)
+        if cleared:
+            logger.info("LMCache cache cleared on %d server(s)", len(self.links))
+        return cleared
 
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
         """vLLM's scheduler hands over its block pool: lazy offload reads it."""
