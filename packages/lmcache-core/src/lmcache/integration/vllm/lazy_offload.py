@@ -331,10 +331,13 @@ class LazyOffloadQueue:
         return 0 if blocks < 0.5 else math.ceil(blocks)
 
     def _drop_evicted(self) -> None:
-        """Drop, per request, the first operation whose blocks changed and all after it."""
+        """Drop, per finished request, the first operation whose blocks changed and all
+        after it.  A running request holds its blocks (vLLM cannot evict a block in use;
+        a preempted request's buffer is dropped in on_preempted), so only finished ones
+        are read."""
         assert self.pool is not None
         pool = self.pool
-        for request_id in list(self._buffers):
+        for request_id in [rid for rid, buffer in self._buffers.items() if buffer.finished]:
             buffer = self._buffers[request_id]
             for index, buffered in enumerate(buffer.ops):
                 if any(pool.block_hash(b) != h for b, h in buffered.hashes.items()):
