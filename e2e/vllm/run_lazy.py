@@ -31,7 +31,6 @@ from e2e_common import (
 )
 
 MODE = "engine_driven"
-BLOCK_SIZE = 32
 # Room for four prompts of ~12 blocks: the fifth evicts the first.
 NUM_BLOCKS = 48
 NUM_PROMPTS = 5
@@ -45,23 +44,18 @@ def lazy_prompts() -> list[str]:
 
 
 def make_lazy_llm(model: str, port: int) -> Any:
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
+    from run_e2e import make_llm
 
     kv = connector_config(port, MODE)
     kv["kv_connector_extra_config"]["lmcache.mp.lazy_offload"] = "true"
-    return LLM(
-        model=model,
-        dtype="float32",
-        block_size=BLOCK_SIZE,
+    return make_llm(
+        model,
+        kv,
         max_model_len=1024,
         max_num_seqs=1,
         max_num_batched_tokens=1024,
         enable_prefix_caching=True,
         num_gpu_blocks_override=NUM_BLOCKS,
-        enforce_eager=True,
-        seed=0,
-        kv_transfer_config=KVTransferConfig(**kv),
     )
 
 

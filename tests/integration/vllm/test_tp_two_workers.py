@@ -15,9 +15,10 @@ server, and the scheduler's lookup (a ``LinkGroup`` over both) hits only what bo
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -101,34 +102,21 @@ def _group_hit(url: str, request_id: str) -> int:
     return int(hit or 0)
 
 
-def test_two_rank_processes_register_store_and_load_their_own_shards(server_url: str) -> None:
+@contextlib.contextmanager
+def _rank_processes(urls: list[str]) -> Iterator[tuple[list[Any], Any]]:
+    """Two rank processes (see ``_rank_main``): their command queues and the results."""
     ctx = mp.get_context("spawn")
     commands = [ctx.Queue() for _ in range(2)]
     results = ctx.Queue()
     ranks = [
-        ctx.Process(target=_rank_main, args=([server_url], r, commands[r], results), daemon=True)
+        ctx.Process(target=_rank_main, args=(urls, r, commands[r], results), daemon=True)
         for r in range(2)
     ]
     for proc in ranks:
         proc.start()
     try:
         _expect(results, "registered", 2)
-        with MPClient(server_url, timeout=5) as client:
-            assert int(getattr(client.get_stats(), "engine_driven_workers", 0)) == 2
-        commands[0].put("store")
-        _expect(results, "stored", 1)
-        assert _group_hit(server_url, "q1") == 0  # rank 1's shard is missing
-        commands[1].put("store")
-        _expect(results, "stored", 1)
-        assert _group_hit(server_url, "q2") == len(PROMPT) // CHUNK_SIZE
-        for queue in commands:
-            queue.put("load")
-        loaded = _expect(results, "loaded", 2)
-        for _, rank, finished, errors, same, _ in loaded:
-            assert finished == ["l"], (rank, finished)
-            assert errors == [], (rank, errors)
-            assert same, f"rank {rank} did not get its own shard back"
-        assert loaded[0][5] != loaded[1][5]  # the shards differ: keys carry the rank
+        yield commands, results
     finally:
         for queue in commands:
             queue.put("stop")
@@ -136,6 +124,37 @@ def test_two_rank_processes_register_store_and_load_their_own_shards(server_url:
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
+
+
+def _store_in_turn_then_load(
+    commands: list[Any], results: Any, group_hit: Callable[[str], int]
+) -> list[tuple[Any, ...]]:
+    """Rank 0 stores (the group still misses), then rank 1 (the group hits both chunks);
+    both load back asynchronously, each its own shard, bit-exact."""
+    commands[0].put("store")
+    _expect(results, "stored", 1)
+    assert group_hit("q1") == 0  # rank 1's shard is missing
+    commands[1].put("store")
+    _expect(results, "stored", 1)
+    assert group_hit("q2") == len(PROMPT) // CHUNK_SIZE
+    for queue in commands:
+        queue.put("load")
+    loaded = _expect(results, "loaded", 2)
+    for _, rank, finished, errors, same, _ in loaded:
+        assert finished == ["l"], (rank, finished)
+        assert errors == [], (rank, errors)
+        assert same, f"rank {rank} did not get its own shard back"
+    return loaded
+
+
+def test_two_rank_processes_register_store_and_load_their_own_shards(server_url: str) -> None:
+    with _rank_processes([server_url]) as (commands, results):
+        with MPClient(server_url, timeout=5) as client:
+            assert int(getattr(client.get_stats(), "engine_driven_workers", 0)) == 2
+        loaded = _store_in_turn_then_load(
+            commands, results, lambda rid: _group_hit(server_url, rid)
+        )
+        assert loaded[0][5] != loaded[1][5]  # the shards differ: keys carry the rank
 
 
 def _lookup_over(urls: list[str], request_id: str) -> int:
@@ -168,38 +187,11 @@ def test_rank_placement_puts_each_rank_on_its_own_server(small_server: Any) -> N
     from lmcache.integration.vllm.lookup_thread import LOOKUP_FAILED
 
     urls = [small_server("--chunk-size", str(CHUNK_SIZE)) for _ in range(2)]
-    ctx = mp.get_context("spawn")
-    commands = [ctx.Queue() for _ in range(2)]
-    results = ctx.Queue()
-    ranks = [
-        ctx.Process(target=_rank_main, args=(urls, r, commands[r], results), daemon=True)
-        for r in range(2)
-    ]
-    for proc in ranks:
-        proc.start()
-    try:
-        _expect(results, "registered", 2)
+    with _rank_processes(urls) as (commands, results):
         for url in urls:  # one worker each, not two on both
             with MPClient(url, timeout=5) as client:
                 assert int(getattr(client.get_stats(), "engine_driven_workers", 0)) == 1
-        commands[0].put("store")
-        _expect(results, "stored", 1)
-        assert _lookup_over(urls, "q1") == 0  # server 1 lacks rank 1's shard
-        commands[1].put("store")
-        _expect(results, "stored", 1)
-        assert _lookup_over(urls, "q2") == len(PROMPT) // CHUNK_SIZE
-        for queue in commands:
-            queue.put("load")
-        loaded = _expect(results, "loaded", 2)
-        for _, rank, finished, errors, same, _ in loaded:
-            assert (finished, errors, same) == (["l"], [], True), rank
+        _store_in_turn_then_load(commands, results, lambda rid: _lookup_over(urls, rid))
         # Server 1 gone: every lookup is a miss (upstream's semantics), none hangs.
         small_server.kill(urls[1])
         assert _lookup_over(urls, "q3") == LOOKUP_FAILED
-    finally:
-        for queue in commands:
-            queue.put("stop")
-        for proc in ranks:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()

@@ -21,32 +21,18 @@ Semantics kept from upstream, because callers rely on them:
 from __future__ import annotations
 
 import builtins
-import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
+
+from lmcache.v1.native_compat._convert import as_unsigned
 
 __all__ = ["Bitmap"]
 
 _T = TypeVar("_T")
 
-# pybind11 converts these arguments to C++ ``size_t``; values outside it are refused there.
-_SIZE_T_LIMIT = 1 << 64
-
 
 def _as_size_t(value: object, name: str) -> int:
-    """``value`` as a non-negative int, or the ``TypeError`` pybind11 raises for ``size_t``."""
-    if isinstance(value, float):
-        # operator.index refuses floats already; the check only makes the message clear.
-        raise TypeError(f"{name} must be a non-negative integer, not float")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a non-negative integer, not {type(value).__name__}"
-        ) from None
-    if not 0 <= number < _SIZE_T_LIMIT:
-        raise TypeError(f"{name} must be a non-negative integer below 2**64, got {number}")
-    return number
+    return as_unsigned(value, name, 64)
 
 
 class Bitmap:

@@ -25,30 +25,16 @@ locked.
 from __future__ import annotations
 
 import math
-import operator
 import threading
 import time
 
-__all__ = ["TTLLock"]
+from lmcache.v1.native_compat._convert import as_unsigned
 
-# pybind11 converts ``ttl_second`` to a C++ ``uint32_t`` and refuses what does not fit.
-_UINT32_LIMIT = 1 << 32
+__all__ = ["TTLLock"]
 
 
 def _as_uint32(value: object, name: str) -> int:
-    """``value`` as a ``uint32_t``, or the ``TypeError`` pybind11 raises when it cannot."""
-    if isinstance(value, float):
-        # operator.index refuses floats already; the check only makes the message clear.
-        raise TypeError(f"{name} must be a non-negative integer, not float")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a non-negative integer, not {type(value).__name__}"
-        ) from None
-    if not 0 <= number < _UINT32_LIMIT:
-        raise TypeError(f"{name} must be a non-negative integer below 2**32, got {number}")
-    return number
+    return as_unsigned(value, name, 32)
 
 
 class TTLLock:
