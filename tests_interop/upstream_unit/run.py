@@ -439,17 +439,6 @@ DESELECTED: dict[str, str] = {
         "needs upstream's VmmCudaIPCWrapper and RocmDeviceSpec; VMM KV caches are not "
         "supported here"
     ),
-    _SCENARIO + "test_1_scenario[cpu_py_ops-multi_layer_kv_transfer-"
-    "scenario_multi_layer_kv_transfer]": _GAP + "the cross-layer format "
-    "NB_NL_TWO_BS_NH_HS given as one buffer per layer (upstream's fallback treats it like "
-    "NL_X_TWO_NB_BS_NH_HS) is refused",
-    _SCENARIO + "test_2_compare[multi_layer_kv_transfer]": "compares the results of the "
-    "scenario above",
-    _SCENARIO + "test_1_scenario[cpu_py_ops-multi_layer_block_kv_transfer-"
-    "scenario_multi_layer_block_kv_transfer]": _GAP + "MLA plane tuples of mixed dtypes "
-    "(int8 latent + float16 scale, packed by bytes) in NL_X_NP_X_NB_BS_ONE_HS are refused",
-    _SCENARIO + "test_2_compare[multi_layer_block_kv_transfer]": "compares the results of "
-    "the scenario above",
     _SCENARIO + "test_1_scenario[cpu_py_ops-record_drain_event-scenario_record_drain_event]": (
         "stops upstream's observability event bus (lmcache.v1.mp_observability), which "
         "lmcache-core does not ship"

@@ -240,3 +240,68 @@ def test_argument_binding_is_the_baselines() -> None:
     with pytest.raises(TypeError):
         memcpy(dest=1, src=2, nbytes=0, direction=0, host_buffer_offset=0,
                host_buffer_alignments=0)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nl=st.integers(1, 3),
+    nb=st.integers(1, 4),
+    bs=st.sampled_from([1, 3]),
+    widths=st.lists(st.integers(1, 5), min_size=2, max_size=3),
+    bpo=st.integers(1, 2),
+    pointers=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_mixed_dtype_mla_planes_run_natively_as_bytes(
+    nl: int, nb: int, bs: int, widths: list[int], bpo: int, pointers: bool, seed: int
+) -> None:
+    dtypes = [torch.int8, torch.float16, torch.float32][: len(widths)]
+    gen = torch.Generator().manual_seed(seed)
+
+    def plane(w: int, dtype: torch.dtype) -> torch.Tensor:
+        size = torch.empty(0, dtype=dtype).element_size()
+        return torch.randint(0, 256, (nb, bs, 1, w * size), dtype=torch.uint8, generator=gen).view(
+            dtype
+        )
+
+    layers = [tuple(plane(w, d) for w, d in zip(widths, dtypes)) for _ in range(nl)]
+    row = sum(w * torch.empty(0, dtype=d).element_size() for w, d in zip(widths, dtypes))
+    ids = torch.randperm(nb, generator=gen)
+    n_obj = -(-nb // bpo)
+    desc = PageBufferShapeDesc(kv_size=1, nl=nl, nb=nb, bs=bs, nh=1, hs=row, element_size=1,
+                               dtype=torch.int8)  # fmt: skip
+    ours = [torch.zeros(nl, bpo * bs, row, dtype=torch.int8) for _ in range(n_obj)]
+    theirs = [o.clone() for o in ours]
+
+    def objs(chunks: list[torch.Tensor]) -> list[Any]:
+        return [c.data_ptr() for c in chunks] if pointers else chunks
+
+    args = (ids, "cpu", TransferDirection.D2H, desc, bpo * bs, 17, 0)
+    _strict_ops().op("multi_layer_block_kv_transfer")(layers, objs(ours), *args)
+    torch_ops.multi_layer_block_kv_transfer(layers, objs(theirs), *args)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+    back = [tuple(torch.zeros_like(p) for p in planes) for planes in layers]
+    ref = [tuple(torch.zeros_like(p) for p in planes) for planes in layers]
+    h2d = (ids, "cpu", TransferDirection.H2D, desc, bpo * bs, 17, 0)
+    _strict_ops().op("multi_layer_block_kv_transfer")(back, objs(ours), *h2d)
+    torch_ops.multi_layer_block_kv_transfer(ref, objs(theirs), *h2d)
+    for got, want in zip(back, ref):
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+               for planes, orig in zip(back, layers) for a, b in zip(planes, orig))  # fmt: skip
+
+
+@pytest.mark.parametrize("pointers", [False, True])
+def test_cross_layer_format_given_per_layer_runs_natively(pointers: bool) -> None:
+    g = Geometry(nl=3, nb=3, bs=2, nh=2, hs=3)
+    cache = build_cache(REF_LAYOUTS[1], g, random_tensor(torch.float32, torch.Generator()))
+    paged: Any = (
+        torch.tensor([t.data_ptr() for t in cache], dtype=torch.int64) if pointers else cache
+    )
+    slots = torch.tensor([4, -1, 0, 5])
+    args = (slots, "cpu", g.nb * g.bs, TransferDirection.D2H, 0, g.bs, g.hs, 1)
+    ours, theirs = torch.zeros(2, 3, 4, 6), torch.zeros(2, 3, 4, 6)
+    _strict_ops().op("multi_layer_kv_transfer")(ours, paged, *args)
+    torch_ops.multi_layer_kv_transfer(theirs, paged, *args)
+    assert torch.equal(ours, theirs) and bool(ours.any())

@@ -216,3 +216,125 @@ def test_validation_messages(ops: Any, overrides: dict[str, Any], message: str) 
 
 def test_valid_call_passes(ops: Any) -> None:
     _call_with(ops)
+
+
+# --------------------------------------------------------------------------------------
+# MLA plane tuples of mixed dtypes: packed into the object row by bytes
+# --------------------------------------------------------------------------------------
+
+_PLANE_DTYPES = [torch.int8, torch.uint8, torch.float16, torch.bfloat16, torch.float32]
+
+
+def _random_plane(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    # Arbitrary bit patterns (NaN payloads included): the copy must keep every byte.
+    nbytes = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (*shape[:-1], shape[-1] * nbytes), dtype=torch.uint8, generator=gen)
+    return raw.view(dtype)
+
+
+def _plane_bytes(plane: torch.Tensor, block: int, offset: int) -> torch.Tensor:
+    return plane[block, offset, 0].reshape(1, -1).view(torch.uint8).reshape(-1)
+
+
+def _mixed_reference(
+    layers: list[tuple[torch.Tensor, ...]], objects: list[torch.Tensor], ids: list[int],
+    bpo: int, bs: int, skip: int, store: bool,
+) -> None:  # fmt: skip
+    """Each object row is the planes' bytes side by side, in tuple order."""
+    for position, block in enumerate(ids):
+        if position < skip or block < 0:
+            continue
+        obj = objects[position // bpo].view(torch.uint8)
+        for offset in range(bs):
+            token = (position % bpo) * bs + offset
+            for layer, planes in enumerate(layers):
+                col = 0
+                for plane in planes:
+                    raw = _plane_bytes(plane, block, offset)
+                    if store:
+                        obj[layer, token, col : col + raw.numel()] = raw
+                    else:
+                        target = plane[block, offset, 0].view(torch.uint8)
+                        target.copy_(obj[layer, token, col : col + raw.numel()])
+                    col += raw.numel()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nl=st.integers(1, 3),
+    nb=st.integers(1, 6),
+    bs=st.sampled_from([1, 3, 5]),
+    planes=st.lists(
+        st.tuples(st.sampled_from(_PLANE_DTYPES), st.integers(1, 5)), min_size=2, max_size=4
+    ).filter(lambda p: len({d for d, _ in p}) > 1),
+    bpo=st.integers(1, 3),
+    pointers=st.booleans(),
+    data=st.data(),
+)
+def test_mla_planes_of_mixed_dtypes_pack_by_bytes(
+    ops: Any, nl: int, nb: int, bs: int, planes: list[tuple[torch.dtype, int]], bpo: int,
+    pointers: bool, data: st.DataObject,
+) -> None:  # fmt: skip
+    gen = torch.Generator().manual_seed(nb * 31 + bs)
+    layers = [tuple(_random_plane((nb, bs, 1, w), d, gen) for d, w in planes) for _ in range(nl)]
+    row_bytes = sum(w * torch.empty(0, dtype=d).element_size() for d, w in planes)
+    order = data.draw(st.permutations(range(nb)))
+    count = data.draw(st.integers(0, nb))
+    ids = [b if data.draw(st.booleans()) else -1 for b in order[:count]]
+    skip = data.draw(st.integers(0, count))
+    chunk = bpo * bs
+    num_objects = max(1, -(-count // bpo))
+    objects = [torch.zeros(nl, chunk, row_bytes, dtype=torch.int8) for _ in range(num_objects)]
+    expected = [o.clone() for o in objects]
+    desc = PageBufferShapeDesc(kv_size=1, nl=nl, nb=nb, bs=bs, nh=1, hs=row_bytes,
+                               element_size=1, dtype=torch.int8)  # fmt: skip
+    fmt = EngineKVFormat.NL_X_NP_X_NB_BS_ONE_HS
+
+    def call(paged: Any, direction: TransferDirection) -> None:
+        objs: list[Any] = [o.data_ptr() for o in objects] if pointers else objects
+        ops.multi_layer_block_kv_transfer(
+            paged, objs, torch.tensor(ids, dtype=torch.int64), "cpu", direction, desc, chunk,
+            fmt, skip,
+        )  # fmt: skip
+
+    call(layers, TransferDirection.D2H)
+    _mixed_reference(layers, expected, ids, bpo, bs, skip, store=True)
+    for got, want in zip(objects, expected):
+        assert torch.equal(got, want)
+
+    target = [tuple(torch.zeros_like(p) for p in planes_) for planes_ in layers]
+    expected_target = [tuple(torch.zeros_like(p) for p in planes_) for planes_ in layers]
+    call(target, TransferDirection.H2D)
+    _mixed_reference(expected_target, objects, ids, bpo, bs, skip, store=False)
+    for got_planes, want_planes in zip(target, expected_target):
+        for got_plane, want_plane in zip(got_planes, want_planes):
+            assert torch.equal(got_plane.view(torch.uint8), want_plane.view(torch.uint8))
+
+
+def test_mixed_dtype_planes_upstream_case(ops: Any) -> None:
+    """int8 latent + float16 scale: a 10-byte row, scale bytes after the latent's."""
+    latent = torch.arange(2 * 3 * 8, dtype=torch.int8).view(2, 3, 1, 8)
+    scale = torch.tensor([1.5, -2.0, 0.25, 4.0, 0.5, -8.0], dtype=torch.float16).view(2, 3, 1, 1)
+    obj = torch.zeros(1, 6, 10, dtype=torch.int8)
+    desc = PageBufferShapeDesc(kv_size=1, nl=1, nb=2, bs=3, nh=1, hs=10, element_size=1,
+                               dtype=torch.int8)  # fmt: skip
+    ops.multi_layer_block_kv_transfer(
+        [(latent, scale)], [obj], torch.tensor([1, 0]), "cpu", TransferDirection.D2H, desc, 6,
+        EngineKVFormat.NL_X_NP_X_NB_BS_ONE_HS, 0,
+    )  # fmt: skip
+    assert torch.equal(obj[0, :3, :8], latent[1, :, 0])
+    assert torch.equal(obj[0, 3:, :8], latent[0, :, 0])
+    scale_bytes = obj[0, :3, 8:].contiguous().view(torch.float16)
+    assert torch.equal(scale_bytes.reshape(-1), scale[1].reshape(-1))
+
+
+def test_mixed_dtype_planes_need_a_contiguous_last_axis(ops: Any) -> None:
+    latent = torch.zeros(2, 3, 1, 8, dtype=torch.int8)
+    scale = torch.zeros(2, 3, 1, 4, dtype=torch.float16)[..., ::2]
+    desc = PageBufferShapeDesc(kv_size=1, nl=1, nb=2, bs=3, nh=1, hs=12, element_size=1,
+                               dtype=torch.int8)  # fmt: skip
+    with pytest.raises(ValueError, match="contiguous in their last axis"):
+        ops.multi_layer_block_kv_transfer(
+            [(latent, scale)], [torch.zeros(1, 3, 12, dtype=torch.int8)], [0], "cpu",
+            TransferDirection.D2H, desc, 3, EngineKVFormat.NL_X_NP_X_NB_BS_ONE_HS, 0,
+        )  # fmt: skip

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from kv_reference import (
     REF_LAYOUTS,
     Geometry,
@@ -195,3 +197,80 @@ def test_slot_out_of_range(ops: Any) -> None:
         ops.multi_layer_kv_transfer(torch.zeros(2, 1, 1, 2), cache, torch.tensor([8]),
                                     torch.device("cpu"), 8, D2H,
                                     EngineKVFormat.NL_X_TWO_NB_BS_NH_HS)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nl=st.integers(1, 3),
+    nb=st.integers(1, 5),
+    bs=st.sampled_from([1, 3, 5]),
+    nh=st.integers(1, 3),
+    hs=st.sampled_from([1, 3, 4]),
+    pointers=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.uint8]),
+    data=st.data(),
+)
+def test_cross_layer_format_given_one_buffer_per_layer(
+    ops: Any, nl: int, nb: int, bs: int, nh: int, hs: int, pointers: bool,
+    dtype: torch.dtype, data: st.DataObject,
+) -> None:  # fmt: skip
+    """Upstream reads NB_NL_TWO_BS_NH_HS given per layer as flash attention's layout."""
+    # A single pointer stays one real cross-layer buffer (see token_format_spec).
+    assume(not (pointers and nl == 1))
+    g = Geometry(nl=nl, nb=nb, bs=bs, nh=nh, hs=hs)
+    layout = REF_LAYOUTS[EngineKVFormat.NL_X_TWO_NB_BS_NH_HS]
+    cache = build_cache(layout, g, random_tensor(dtype, torch.Generator().manual_seed(nb * bs)))
+    slot_list = data.draw(st.lists(st.integers(-1, nb * bs - 1), max_size=2 * nb * bs))
+    slots = torch.tensor(slot_list, dtype=torch.int64)
+    skip = data.draw(st.integers(0, len(slot_list)))
+    fmt = EngineKVFormat.NB_NL_TWO_BS_NH_HS
+
+    def engine(c: Any) -> Any:
+        return torch.tensor([t.data_ptr() for t in c], dtype=torch.int64) if pointers else c
+
+    key_value = torch.zeros(2, nl, len(slot_list), nh * hs, dtype=dtype)
+    expected = key_value.clone()
+    ops.multi_layer_kv_transfer(
+        key_value, engine(cache), slots, torch.device("cpu"), nb * bs, D2H, fmt, bs, 0, skip
+    )
+    reference_extract(layout, g, cache, expected, slot_list, skip)
+    assert torch.equal(key_value, expected)
+
+    source = random_tensor(dtype, torch.Generator().manual_seed(7))(tuple(key_value.shape))
+    target, expected_target = zeros_like_cache(cache), zeros_like_cache(cache)
+    ops.multi_layer_kv_transfer(
+        source, engine(target), slots, torch.device("cpu"), nb * bs, H2D, fmt, bs, 0, skip
+    )
+    reference_scatter(layout, g, expected_target, source, slot_list, skip)
+    assert caches_equal(target, expected_target)
+
+
+def test_cross_layer_per_layer_buffers_in_upstreams_pointer_shape(ops: Any) -> None:
+    """Upstream's scenario: per-layer [2, page_buffer_size, hidden] buffers, block size 1."""
+    size, hidden = 7, 5
+    layers = [torch.arange(2 * size * hidden, dtype=torch.float32).view(2, size, hidden) + 1000 * i
+              for i in range(3)]  # fmt: skip
+    ptrs = torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64)
+    slots = torch.tensor([6, 0, -1, 3])
+    key_value = torch.zeros(2, 3, 4, hidden)
+    ops.multi_layer_kv_transfer(key_value, ptrs, slots, torch.device("cpu"), size, D2H,
+                                EngineKVFormat.NB_NL_TWO_BS_NH_HS, 1)  # fmt: skip
+    for layer in range(3):
+        for token, slot in enumerate([6, 0, -1, 3]):
+            want = layers[layer][:, slot] if slot >= 0 else torch.zeros(2, hidden)
+            assert torch.equal(key_value[:, layer, token], want)
+
+
+def test_cross_layer_single_buffer_keeps_the_cross_reading(ops: Any) -> None:
+    g = Geometry(nl=2, nb=3, bs=2, nh=1, hs=3)
+    layout = REF_LAYOUTS[EngineKVFormat.NB_NL_TWO_BS_NH_HS]
+    cache = build_cache(layout, g, random_tensor(torch.float32, torch.Generator().manual_seed(3)))
+    slots = [5, 0, 2]
+    for engine in (cache, [cache], torch.tensor([cache.data_ptr()], dtype=torch.int64)):
+        key_value = torch.zeros(2, g.nl, len(slots), g.hs)
+        expected = key_value.clone()
+        ops.multi_layer_kv_transfer(key_value, engine, torch.tensor(slots), torch.device("cpu"),
+                                    g.nb * g.bs, D2H, EngineKVFormat.NB_NL_TWO_BS_NH_HS, g.bs,
+                                    g.hs)  # fmt: skip
+        reference_extract(layout, g, cache, expected, slots, 0)
+        assert torch.equal(key_value, expected)

@@ -24,7 +24,7 @@ from lmcache.testing.kv_layouts import (
 )
 from lmcache.v1.platform import torch_ops
 from lmcache.v1.platform.kv_formats import all_specs
-from lmcache.v1.platform.ops_types import TransferDirection
+from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 
 ALL_FORMATS = sorted(int(s.engine_kv_format) for s in all_specs())
 EXAMPLES = int(os.environ.get(EXAMPLES_ENV_VAR, "60"))
@@ -124,3 +124,59 @@ def test_memcpy_matches_baseline(ops: Any, available_spec: Any, device: str, nby
         available_spec.synchronize_device()
     assert torch.equal(dst.cpu(), ref.cpu())
     assert torch.equal(dst.cpu()[:nbytes], src.cpu()[:nbytes])
+
+
+@pytest.mark.parametrize("widths", [(8, 1), (3, 2, 5)], ids=str)
+def test_mixed_dtype_mla_planes_match_baseline(
+    ops: Any, device: str, widths: tuple[int, ...]
+) -> None:
+    """MLA plane tuples of mixed dtypes (int8 latent + float16 scale) pack by bytes."""
+    dtypes = [torch.int8, torch.float16, torch.bfloat16][: len(widths)]
+    nl, nb, bs, bpo = 2, 5, 3, 2
+    gen = torch.Generator().manual_seed(sum(widths))
+    sizes = [torch.empty(0, dtype=d).element_size() for d in dtypes]
+    layers = [
+        tuple(
+            torch.randint(0, 256, (nb, bs, 1, w * s), dtype=torch.uint8, generator=gen)
+            .view(d)
+            .to(device)
+            for w, s, d in zip(widths, sizes, dtypes)
+        )
+        for _ in range(nl)
+    ]
+    row = sum(w * s for w, s in zip(widths, sizes))
+    desc = PageBufferShapeDesc(kv_size=1, nl=nl, nb=nb, bs=bs, nh=1, hs=row, element_size=1,
+                               dtype=torch.int8)  # fmt: skip
+    fmt, ids = EngineKVFormat.NL_X_NP_X_NB_BS_ONE_HS, [4, -1, 0, 2, 1]
+    objects = [torch.zeros(nl, bpo * bs, row, dtype=torch.int8, device=device) for _ in "abc"]
+    ref_objects = clone(objects)
+    for op, objs in ((ops, objects), (torch_ops, ref_objects)):
+        op.multi_layer_block_kv_transfer(layers, objs, ids, device, TransferDirection.D2H, desc,
+                                         bpo * bs, fmt, 1)  # fmt: skip
+    assert_same(objects, ref_objects)
+    assert any(o.any() for o in objects), "nothing was gathered"
+    restored = [tuple(torch.zeros_like(p) for p in planes) for planes in layers]
+    ref_restored = [tuple(torch.zeros_like(p) for p in planes) for planes in layers]
+    for op, target in ((ops, restored), (torch_ops, ref_restored)):
+        op.multi_layer_block_kv_transfer(target, objects, ids, device, TransferDirection.H2D,
+                                         desc, bpo * bs, fmt, 1)  # fmt: skip
+    assert_same(
+        [p.view(torch.uint8) for planes in restored for p in planes],
+        [p.view(torch.uint8) for planes in ref_restored for p in planes],
+    )
+
+
+def test_cross_layer_format_given_per_layer_matches_baseline(ops: Any, device: str) -> None:
+    """NB_NL_TWO_BS_NH_HS given one buffer per layer reads like NL_X_TWO_NB_BS_NH_HS."""
+    g = Geometry(nl=3, nb=4, bs=3, nh=2, hs=5)
+    fmt = EngineKVFormat.NL_X_TWO_NB_BS_NH_HS
+    cache = build_cache(int(fmt), g, random_factory(torch.float16, 3, device))
+    slots = torch.tensor([11, 0, -1, 7, 4], device=device)
+    cross = EngineKVFormat.NB_NL_TWO_BS_NH_HS
+    ours = torch.zeros(2, g.nl, 5, g.nh * g.hs, dtype=torch.float16, device=device)
+    ref = ours.clone()
+    for op, out in ((ops, ours), (torch_ops, ref)):
+        op.multi_layer_kv_transfer(out, cache, slots, torch.device(device), g.nb * g.bs,
+                                   TransferDirection.D2H, cross, g.bs)  # fmt: skip
+    assert_same(ours, ref)
+    assert bool(ours.any()), "nothing was gathered"

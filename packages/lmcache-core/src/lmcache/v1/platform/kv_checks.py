@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
+from lmcache.v1.platform.kv_formats import EngineKVFormat, KVFormatSpec, format_spec
 from lmcache.v1.platform.ops_types import KVIndexError, PageBufferShapeDesc, TransferDirection
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "pointer_list",
     "selected_tokens",
     "slot_summary",
+    "token_format_spec",
     "token_pointer_shape_desc",
     "validate_direction",
 ]
@@ -289,6 +290,35 @@ def _layer_count(key_value: torch.Tensor) -> int:
     """Layers of ``[KV, NL, T, D]`` (or an MLA ``[NL, T, D]``)."""
     planes = key_value if key_value.dim() == 4 else key_value.unsqueeze(0)
     return int(planes.shape[1])
+
+
+# Upstream's slot-mapped kernels address the vLLM cross-layer format exactly like flash
+# attention: one [2, NB*BS, NH*HS] buffer per layer (its fallback does the same).
+_PER_LAYER_TOKEN_FORMAT = {
+    EngineKVFormat.NB_NL_TWO_BS_NH_HS: EngineKVFormat.NL_X_TWO_NB_BS_NH_HS,
+}
+
+
+def token_format_spec(spec: KVFormatSpec, paged: Any) -> KVFormatSpec:
+    """The format a slot-mapped op reads ``paged`` in.
+
+    ``NB_NL_TWO_BS_NH_HS`` given as one buffer per layer -- more than one pointer, or a
+    list of tensors that is not a single 6-d cross-layer tensor -- is read as upstream
+    reads it, like ``NL_X_TWO_NB_BS_NH_HS``. A bare tensor, a one-tensor list holding a
+    6-d tensor and a single pointer stay one real cross-layer buffer ``[NB, NL, 2, BS, NH,
+    HS]`` (upstream would read a single pointer per-layer; see docs/compatibility.md).
+    """
+    per_layer = _PER_LAYER_TOKEN_FORMAT.get(spec.engine_kv_format)
+    if per_layer is None:
+        return spec
+    if isinstance(paged, torch.Tensor):
+        several = paged.dim() == 1 and paged.numel() > 1
+    elif isinstance(paged, (list, tuple)):
+        only = paged[0] if len(paged) == 1 else None
+        several = len(paged) > 1 or (isinstance(only, torch.Tensor) and only.dim() != 6)
+    else:
+        several = False
+    return format_spec(per_layer) if several else spec
 
 
 def token_pointer_shape_desc(

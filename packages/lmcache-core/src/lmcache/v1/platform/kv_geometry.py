@@ -13,7 +13,7 @@ Only shapes and strides are read: no views, no copies, no device runtime.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from lmcache.v1.platform.kv_formats import CANONICAL_AXES, KVFormatSpec
 __all__ = [
     "Axes",
     "Buf",
+    "byte_plane_geometry",
     "EngineGeometry",
     "ObjectGeometry",
     "PlaneGroup",
@@ -31,6 +32,7 @@ __all__ = [
     "flatten_engine_buffers",
     "geometry_from_bufs",
     "geometry_from_tensors",
+    "mixed_plane_dtypes",
     "pointer_object_geometry",
     "tensor_buf",
 ]
@@ -116,6 +118,41 @@ def flatten_engine_buffers(paged: Any, spec: KVFormatSpec) -> list[tuple[Any, in
         for j, t in enumerate(group):
             out.append((t, j if spec.tuple_axis == "KV" else -1, layer, j))
     return out
+
+
+# --------------------------------------------------------------------------------------
+# Mixed-dtype MLA planes
+# --------------------------------------------------------------------------------------
+
+
+def mixed_plane_dtypes(spec: KVFormatSpec, dtypes: Iterable[torch.dtype]) -> bool:
+    """True when the planes of an MLA plane tuple do not share one dtype.
+
+    Such planes (an int8 latent beside a float16 scale, say) are packed into the LMCache
+    head by bytes, as upstream packs them: every plane is then moved as raw bytes.
+    """
+    return spec.tuple_axis == "HS" and len(set(dtypes)) > 1
+
+
+def byte_plane_geometry(
+    shape: Sequence[int], strides: Sequence[int], itemsize: int, arg: str = ""
+) -> tuple[list[int], list[int]]:
+    """Shape and strides of one plane reinterpreted as bytes along its last axis."""
+    sizes, steps = [int(s) for s in shape], [int(s) for s in strides]
+    if not sizes:
+        return sizes, steps  # canonical_axes refuses a 0-d buffer with its own message
+    if sizes[-1] > 1 and steps[-1] != 1:
+        where = f"{arg}: " if arg else ""
+        raise ValueError(
+            f"{where}planes of mixed dtypes move as bytes and must be contiguous in their "
+            f"last axis (got strides {tuple(steps)})"
+        )
+    return [*sizes[:-1], sizes[-1] * itemsize], [s * itemsize for s in steps[:-1]] + [1]
+
+
+def _byte_buf(buf: Buf, arg: str) -> Buf:
+    shape, strides = byte_plane_geometry(buf.shape, buf.strides, buf.itemsize, arg)
+    return Buf(buf.ptr, shape, strides, 1, torch.uint8, buf.device)
 
 
 # --------------------------------------------------------------------------------------
@@ -235,6 +272,11 @@ def geometry_from_bufs(
     """Plane groups for flattened engine buffers (see :func:`flatten_engine_buffers`)."""
     if not items:
         raise ValueError("no engine KV buffers given")
+    if mixed_plane_dtypes(spec, (buf.dtype for buf, *_ in items)):
+        items = [
+            (_byte_buf(buf, _arg_name(root, spec, i, plane)), kv, layer, plane)
+            for i, (buf, kv, layer, plane) in enumerate(items)
+        ]
     described = []
     strided_head = ""
     # Engines hand over many buffers of one shape: describe each distinct geometry once.

@@ -271,7 +271,7 @@ class KVOps:
         self.kernels.copy_blocks(BlockCopy(geom, views, ids, args.skip, bpo, to_engine))
 
     def _multi_layer_kv_transfer(self, a: Args) -> None:
-        spec = format_spec(a["engine_kv_format"])
+        spec = checks.token_format_spec(format_spec(a["engine_kv_format"]), a["key_value_ptrs"])
         geom = self._token_engine(
             a["key_value_ptrs"],
             spec,

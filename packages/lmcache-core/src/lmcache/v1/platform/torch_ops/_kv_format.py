@@ -16,7 +16,12 @@ from typing import Any, NamedTuple
 import torch
 
 from lmcache.v1.platform.kv_formats import KVFormatSpec, all_specs, format_spec
-from lmcache.v1.platform.kv_geometry import canonical_axes, flatten_engine_buffers
+from lmcache.v1.platform.kv_geometry import (
+    byte_plane_geometry,
+    canonical_axes,
+    flatten_engine_buffers,
+    mixed_plane_dtypes,
+)
 
 __all__ = ["KVFormatSpec", "_format_spec"]
 
@@ -148,11 +153,28 @@ def _layout_from_parts(spec: KVFormatSpec, parts: list[Part], num_layers: int) -
     )
 
 
+def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as uint8, its last axis widened to bytes (same storage, no copy)."""
+    itemsize = tensor.element_size()
+    shape, strides = byte_plane_geometry(tensor.shape, tensor.stride(), itemsize)
+    data = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    data.set_(tensor.untyped_storage())
+    return data.as_strided(shape, strides, tensor.storage_offset() * itemsize)
+
+
 def paged_layout_from_tensors(paged: Any, spec: KVFormatSpec, block_size: int) -> PagedLayout:
-    """Parts for engine buffers given as tensors (lists / tuples as the format says)."""
+    """Parts for engine buffers given as tensors (lists / tuples as the format says).
+
+    MLA planes of mixed dtypes become byte views, so the LMCache head packs them by bytes.
+    """
     tensors = flatten_engine_buffers(paged, spec)
     if not tensors:
         raise ValueError("no engine KV buffers given")
+    if mixed_plane_dtypes(spec, (t.dtype for t, *_ in tensors if isinstance(t, torch.Tensor))):
+        tensors = [
+            (_byte_view(t) if isinstance(t, torch.Tensor) else t, kv, layer, plane)
+            for t, kv, layer, plane in tensors
+        ]
     parts = _build_parts(tensors, spec, block_size)
     if spec.container == "cross":
         num_layers = parts[0].view.shape[1]

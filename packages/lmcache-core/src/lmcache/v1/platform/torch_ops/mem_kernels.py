@@ -27,6 +27,7 @@ from lmcache.v1.platform.torch_ops.plan import (
     selected_tokens,
     separate_kv_layout,
     single_layer_lmcache_view,
+    token_format_spec,
     token_layout,
     validate_direction,
 )
@@ -101,9 +102,10 @@ def multi_layer_kv_transfer(
     ``key_value_ptrs`` is an int64 tensor of per-layer host pointers or the engine tensors.
     Tokens before ``skip_prefix_n_tokens`` and slots < 0 are skipped (indices stay aligned).
     Pointer mode rejects non-tight pools (``block_stride_elems``); HND layouts need
-    ``block_size`` and ``head_size`` in pointer mode.
+    ``block_size`` and ``head_size`` in pointer mode. ``NB_NL_TWO_BS_NH_HS`` given as one
+    buffer per layer is read like ``NL_X_TWO_NB_BS_NH_HS``, as upstream does.
     """
-    spec = format_spec(engine_kv_format)
+    spec = token_format_spec(format_spec(engine_kv_format), key_value_ptrs)
     layout = token_layout(
         key_value_ptrs,
         spec,

@@ -36,6 +36,7 @@ from lmcache.v1.platform.kv_checks import (
     is_pointer_tensor,
     pointer_list,
     selected_tokens,
+    token_format_spec,
     token_pointer_shape_desc,
     validate_direction,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "separate_kv_layout",
     "separate_kv_spec",
     "single_layer_lmcache_view",
+    "token_format_spec",
     "token_layout",
     "token_pointer_shape_desc",
     "validate_direction",
