@@ -388,10 +388,6 @@ IGNORED: dict[str, str] = {
 # docs/compatibility.md.
 _CPU_SHM = "tests/v1/platform/devices/cpu/test_cpu_shm.py::"
 _SCENARIO = "tests/v1/test_torch_ops.py::TestScenarios::"
-_OUR_SHM = (
-    "our CpuShmTensorWrapper finds a tensor's segment from /proc/self/maps and gives each "
-    "migrated tensor its own segment, kept until the wrapper is closed"
-)
 _MP = "tests/v1/multiprocess/"
 _MP_PATCHES = (
     "monkeypatches a function of upstream's engine-driven transfer context that ours "
@@ -403,26 +399,13 @@ _LAYOUT_REGISTRY = (
     "internals that lmcache-core's server replaces rather than mirrors"
 )
 DESELECTED: dict[str, str] = {
-    _CPU_SHM + "test_migrate_normalizes_layout_in_place_on_caller_tensor": _GAP
-    + "migration keeps the caller's shape instead of normalising size-1 strides",
-    _CPU_SHM + "test_migrate_handles_empty_tensor": _GAP + "an empty tensor is refused "
-    "instead of wrapped without a segment",
-    _CPU_SHM + "test_migrate_finalizer_unlinks_on_gc": _OUR_SHM
-    + " (not unlinked when the tensor is garbage-collected)",
-    _CPU_SHM + "test_to_tensor_view_carries_munmap_finalizer": "reads upstream's wrapper "
-    "attribute nbytes and its munmap finalizer; " + _OUR_SHM,
     _CPU_SHM + "test_wrap_kv_caches_unlinks_partial_batch_on_failure": "wraps plain "
     "(non-SHM) tensors through kv_wrap, which upstream migrates implicitly; ours refuses "
     "them with a ValueError naming migrate_to_shm_and_wrap",
-    _CPU_SHM + "test_migrate_shares_one_segment_across_views_of_one_storage": _GAP + _OUR_SHM,
-    _CPU_SHM + "test_migrate_preserves_nonzero_storage_offset_roundtrip": _GAP
-    + "a migrated view's storage offset is not kept",
-    _CPU_SHM + "test_migrate_is_idempotent_across_sibling_views": _GAP + _OUR_SHM,
-    _CPU_SHM + "test_migrate_segment_unlinks_only_after_last_view_dies": "uses upstream's "
-    "shm_map_readwrite cache internals; " + _OUR_SHM,
-    _CPU_SHM + "test_migrate_ignores_stale_entry_from_id_reuse": "needs upstream's test hook "
-    "inject_stale_cache_entry_for_test into its id-keyed segment cache, which ours does not "
-    "have (segments are found from /proc/self/maps)",
+    _CPU_SHM + "test_migrate_ignores_stale_entry_from_id_reuse": "needs upstream's private "
+    "test hook inject_stale_cache_entry_for_test, which ours does not have: our migration "
+    "registry drops an entry when its storage is freed (weak-reference callback), so no "
+    "stale entry outlives its storage",
     "tests/v1/platform/devices/cuda/test_cuda_tensor_from_ptr.py": "monkeypatches module "
     "globals of upstream's in-core CUDA device_ops module; ours is in the lmcache-cuda plugin",
     "tests/v1/platform/test_cache_context_dispatch.py::test_dispatches_by_cpu_device_type": (

@@ -7,6 +7,10 @@ and the server maps the same pages (zero-copy: both processes see one copy of th
 Which segment a tensor lives in is read from ``/proc/self/maps`` rather than from a
 process-global table, so any tensor whose storage maps such a segment can be wrapped,
 however it was created.  Linux only.
+
+``migrate_to_shm_and_wrap`` moves an ordinary CPU tensor there: the unit it moves is the
+tensor's whole backing storage, so every view of one buffer lands in one segment at its
+own offset, and the segment's name is unlinked once the last tensor using it is freed.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -251,7 +257,11 @@ def _check_view_fits(tensor: torch.Tensor, byte_offset: int, nbytes: int, shm_na
 
 @register_ipc_wrapper("cpu_shm")
 class CpuShmTensorWrapper(DeviceIPCWrapper):
-    """A CPU tensor in an ``lmcache_kv_`` POSIX shared-memory segment."""
+    """A CPU tensor in an ``lmcache_kv_`` POSIX shared-memory segment.
+
+    An empty tensor has no bytes to share: it is described without a segment (``shm_name``
+    ``""``, ``nbytes`` 0) and rebuilt locally by :meth:`to_tensor`.
+    """
 
     device_type: ClassVar[str] = "cpu"
     SHM_NAME_PREFIX: ClassVar[str] = "/lmcache_kv_"
@@ -279,41 +289,53 @@ class CpuShmTensorWrapper(DeviceIPCWrapper):
         )
         self.shm_name = shm_name
         self.segment_nbytes = int(nbytes)
-        self._mapped: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The segment's size in bytes (upstream's name for ``segment_nbytes``)."""
+        return self.segment_nbytes
 
     @classmethod
     def wrap(cls, tensor: torch.Tensor) -> CpuShmTensorWrapper:
         if tensor.device.type != "cpu":
             raise ValueError(f"CpuShmTensorWrapper wraps CPU tensors, got {tensor.device}")
-        found = _find_mapping(tensor.data_ptr()) if tensor.numel() else None
+        if tensor.numel() == 0:
+            return cls(tensor, "", 0)
+        found = _find_mapping(tensor.data_ptr())
         if found is None:
             raise _not_shared_error(tensor)
         return cls(tensor, found[0], found[2])
 
+    def _is_empty(self) -> bool:
+        return any(size == 0 for size in self.shape)
+
     def to_tensor(self) -> torch.Tensor:
-        """Map the segment (once) and view the tensor in it; shares pages with the worker."""
-        if self._mapped is None:
-            raw = map_segment(self.shm_name, self.segment_nbytes)
-            element = torch.empty((), dtype=self.dtype).element_size()
-            if self.segment_nbytes % element:
-                raw = raw[: self.segment_nbytes - self.segment_nbytes % element]
-            typed = raw.view(self.dtype)
-            span = (
-                self.storage_offset
-                + 1
-                + sum((s - 1) * st for s, st in zip(self.shape, self.stride))
-            )
-            if any(s == 0 for s in self.shape):
-                span = self.storage_offset
-            if span > typed.numel() or self.storage_offset < 0:
+        """Map the segment and view the tensor in it; shares pages with the worker.
+
+        Each call makes its own mapping, owned by the returned tensor's storage: it is
+        unmapped once that tensor and every view of it are freed, not by the wrapper.
+        """
+        if not self.shm_name:
+            if not self._is_empty():
                 raise ValueError(
-                    f"tensor metadata reaches past the end of segment {self.shm_name!r}"
+                    f"a tensor of shape {self.shape} needs a shared-memory segment, none named"
                 )
-            self._mapped = typed.as_strided(self.shape, self.stride, self.storage_offset)
-        return self._mapped
+            return torch.empty_strided(self.shape, self.stride, dtype=self.dtype)
+        element = torch.empty((), dtype=self.dtype).element_size()
+        if self._is_empty():
+            span = self.storage_offset
+        else:
+            last = sum((s - 1) * st for s, st in zip(self.shape, self.stride))
+            span = self.storage_offset + last + 1
+        if span * element > self.segment_nbytes or self.storage_offset < 0:
+            raise ValueError(f"tensor metadata reaches past the end of segment {self.shm_name!r}")
+        raw = map_segment(self.shm_name, self.segment_nbytes)
+        # A segment shared by views of other dtypes need not end on this dtype's boundary.
+        typed = raw[: self.segment_nbytes - self.segment_nbytes % element].view(self.dtype)
+        return typed.as_strided(self.shape, self.stride, self.storage_offset)
 
     def close(self) -> None:
-        self._mapped = None
+        """Nothing to release: mappings belong to the tensors :meth:`to_tensor` returned."""
 
     def to_wire(self) -> CpuShmIPCData:
         return CpuShmIPCData(
@@ -324,12 +346,14 @@ class CpuShmTensorWrapper(DeviceIPCWrapper):
     def from_wire(cls, data: Any) -> CpuShmTensorWrapper:
         if not isinstance(data, CpuShmIPCData):
             raise ValueError(f"expected CpuShmIPCData, got {type(data).__name__}")
-        if not data.shm_name.lstrip("/").startswith(cls.SHM_NAME_PREFIX.lstrip("/")):
-            raise ValueError(
-                f"segment {data.shm_name!r} is not an lmcache KV segment "
-                f"(name must start with {cls.SHM_NAME_PREFIX!r})"
-            )
-        _segment_path(data.shm_name)
+        # Only an empty tensor travels without a segment (checked once the shape is known).
+        if data.shm_name:
+            if not data.shm_name.lstrip("/").startswith(cls.SHM_NAME_PREFIX.lstrip("/")):
+                raise ValueError(
+                    f"segment {data.shm_name!r} is not an lmcache KV segment "
+                    f"(name must start with {cls.SHM_NAME_PREFIX!r})"
+                )
+            _segment_path(data.shm_name)
         wrapper = cls.__new__(cls)
         DeviceIPCWrapper.__init__(
             wrapper, data.shm_name, torch.uint8, (), (), 0, data.metadata.device_uuid
@@ -337,28 +361,123 @@ class CpuShmTensorWrapper(DeviceIPCWrapper):
         wrapper.restore_metadata(data.metadata)
         if len(wrapper.shape) != len(wrapper.stride):
             raise ValueError("tensor metadata has mismatched shape and stride lengths")
+        if not data.shm_name and (not wrapper._is_empty() or data.nbytes != 0):
+            raise ValueError("only an empty tensor may be described without a segment")
         wrapper.shm_name = data.shm_name
         wrapper.segment_nbytes = int(data.nbytes)
-        wrapper._mapped = None
         return wrapper
 
 
-def migrate_to_shm_and_wrap(tensor: torch.Tensor) -> CpuShmTensorWrapper:
-    """Re-point ``tensor``'s storage at a new SHM segment (in place), then wrap it.
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides: list[int] = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
-    Everyone holding ``tensor`` sees the move; views taken *before* the call keep the old
-    memory, so migrate KV caches before the engine slices them.
+
+def _normalized_layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``tensor``'s shape and stride with its dims put in memory order, as upstream does.
+
+    Dims are sorted by decreasing stride; a size-1 dim that ties with a neighbour goes
+    innermost, so a torch-contiguous view whose size-1 dims hide the true inner extent
+    (shape ``(8, 1, 1, 32)``, stride ``(32, 1, 1, 1)``) becomes ``(8, 32, 1, 1)``.  Where
+    the reordered view is not contiguous (padded or overlapping layouts) nothing is
+    reordered: the caller's layout is kept as it is (upstream refuses such tensors).
+    """
+    order = sorted(
+        range(tensor.dim()),
+        key=lambda d: (tensor.stride(d), tensor.size(d) != 1),
+        reverse=True,
+    )
+    reordered = tensor.permute(order)
+    if not reordered.is_contiguous():
+        return tuple(tensor.shape), tuple(tensor.stride())
+    shape = tuple(reordered.shape)
+    return shape, _contiguous_strides(shape)
+
+
+@dataclass(frozen=True)
+class _Migration:
+    """A storage already copied into a segment: where its views are re-pointed."""
+
+    origin: weakref.ReferenceType[torch.UntypedStorage]
+    target: weakref.ReferenceType[torch.UntypedStorage]
+    shm_name: str
+
+
+# Original storage (by id) -> its migration, so sibling views of one buffer share one
+# segment.  An entry leaves when its original storage is freed (weak-reference callback),
+# so a recycled id never finds a stale entry.  Reentrant: that callback can run from a
+# garbage collection triggered while a migration holds the lock.
+_migrations: dict[int, _Migration] = {}
+_migrations_lock = threading.RLock()
+
+
+def _forget_migration(key: int, origin: weakref.ReferenceType[torch.UntypedStorage]) -> None:
+    with _migrations_lock:
+        entry = _migrations.get(key)
+        if entry is not None and entry.origin is origin:
+            del _migrations[key]
+
+
+def _segment_freed(shm_name: str) -> None:
+    """The last tensor in a migrated segment is gone: nobody here can use it any more."""
+    if unlink_segment(shm_name):
+        logger.debug("unlinked shared-memory segment %s: its last tensor was freed", shm_name)
+
+
+def _migrated_storage(origin: torch.UntypedStorage) -> torch.UntypedStorage | None:
+    entry = _migrations.get(id(origin))
+    if entry is None or entry.origin() is not origin:
+        return None
+    return entry.target()  # None once every tensor in the segment was freed
+
+
+def _migrate_storage(origin: torch.UntypedStorage) -> torch.UntypedStorage:
+    """Copy all of ``origin`` into a new segment and remember where it went."""
+    nbytes = origin.nbytes()
+    shm_name, raw = create_segment(nbytes)
+    try:
+        source = torch.empty(0, dtype=torch.uint8)
+        source.set_(origin)
+        raw[:nbytes].copy_(source)
+    except BaseException:
+        unlink_segment(shm_name)
+        raise
+    target = raw.untyped_storage()
+    # The storage object outlives ``raw``: torch keeps it while any tensor uses the pages.
+    weakref.finalize(target, _segment_freed, shm_name)
+    key = id(origin)
+    origin_ref = weakref.ref(origin, lambda ref: _forget_migration(key, ref))
+    _migrations[key] = _Migration(origin_ref, weakref.ref(target), shm_name)
+    logger.debug("moved a %d-byte CPU storage into shared memory %s", nbytes, shm_name)
+    return target
+
+
+def migrate_to_shm_and_wrap(tensor: torch.Tensor) -> CpuShmTensorWrapper:
+    """Re-point ``tensor`` (in place) at a shared-memory copy of its storage, then wrap it.
+
+    The whole backing storage is copied, once: ``tensor`` keeps its storage offset, and
+    each later view of the same buffer handed in here is re-pointed at the same segment,
+    so the migrated views still alias one another.  Only tensors handed in move; views
+    that are not keep the old memory, so migrate before writing to the buffer.  The
+    tensor's dims are put in memory order when that makes it contiguous (see
+    :func:`_normalized_layout`).  A tensor already in an ``lmcache_kv_`` segment is wrapped
+    as it is, and an empty one is wrapped without a segment.  A segment made here is
+    unlinked once the last tensor in it is freed.
     """
     if tensor.device.type != "cpu":
         raise ValueError(f"only CPU tensors can move to shared memory, got {tensor.device}")
-    if shm_segment_of(tensor) is not None:
+    if tensor.numel() == 0 or shm_segment_of(tensor) is not None:
         return CpuShmTensorWrapper.wrap(tensor)
-    contiguous = tensor.detach().contiguous()
-    nbytes = contiguous.numel() * contiguous.element_size()
-    _name, raw = create_segment(nbytes)
-    moved = raw[:nbytes].view(tensor.dtype).view(tensor.shape)
-    moved.copy_(contiguous)
-    with torch.no_grad():
-        tensor.set_(moved.untyped_storage(), 0, tuple(tensor.shape), tuple(moved.stride()))
-    logger.debug("moved a %s KV tensor into shared memory (%d bytes)", tuple(tensor.shape), nbytes)
+    shape, stride = _normalized_layout(tensor)
+    origin = tensor.untyped_storage()
+    with _migrations_lock:
+        target = _migrated_storage(origin)
+        if target is None:
+            target = _migrate_storage(origin)
+        with torch.no_grad():
+            tensor.set_(target, tensor.storage_offset(), shape, stride)
     return CpuShmTensorWrapper.wrap(tensor)
