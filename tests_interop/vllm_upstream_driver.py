@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,42 @@ def tokens(llm: Any, prompt: str) -> list[int]:
     return list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
 
 
+def server_stored_tokens(port: int) -> int:
+    """Our server's ``stored_tokens`` (``get_stats``), asked over raw ZMQ + msgpack: this
+    interpreter has upstream's lmcache, not ours, and upstream has no such call."""
+    import msgspec
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.send_multipart([msgspec.msgpack.encode(1), msgspec.msgpack.encode("get_stats")])
+        if not sock.poll(10_000):
+            raise TimeoutError("the server did not answer get_stats in 10 s")
+        reply = [msgspec.msgpack.decode(frame) for frame in sock.recv_multipart()]
+        return int(reply[2]["stored_tokens"])
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def wait_for_stores(port: int, before: int, timeout: float = 120.0) -> None:
+    """Until the first request's stores have landed (upstream stores asynchronously, so
+    on a loaded machine the second request could otherwise look up before them)."""
+    deadline = time.monotonic() + timeout
+    last, steady_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        stored = server_stored_tokens(port)
+        if stored != last:
+            last, steady_since = stored, time.monotonic()
+        elif stored > before and time.monotonic() - steady_since >= 1.0:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the first request's stores did not land in {timeout:.0f} s")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from e2e_common import LONG_PROMPT_WORDS
     from run_e2e import make_llm
@@ -58,7 +95,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["baseline"] = tokens(llm, prompt)
         del llm
     llm = make_llm(model, kv_transfer_config(args.port, args.mode))
+    before = server_stored_tokens(args.port)
     result["first"] = tokens(llm, prompt)
+    wait_for_stores(args.port, before)
     result["second"] = tokens(llm, prompt)
     del llm
     return result
