@@ -171,9 +171,14 @@ def run_child(workdir: Path, name: str, spec: dict[str, Any]) -> list[dict[str, 
 # -- parent: the matrix ---------------------------------------------------------------------
 
 
-def measure_mode(args: argparse.Namespace, model: str, mode: str, workdir: Path) -> list[dict]:
+def measure_mode(
+    args: argparse.Namespace, model: str, mode: str, workdir: Path, async_load: bool | None = None
+) -> list[dict]:
+    """The connector cells of one transfer mode; ``async_load`` None keeps the connector's
+    default, otherwise sets ``lmcache.mp.async_load`` and labels the rows with it."""
+    label = mode if async_load is None else f"{mode}+{'async' if async_load else 'sync'}"
     port = free_port()
-    disk = workdir / f"disk-{mode}"
+    disk = workdir / f"disk-{label}"
     disk.mkdir(exist_ok=True)
     server_args = (
         "--l2-disk-path",
@@ -186,21 +191,23 @@ def measure_mode(args: argparse.Namespace, model: str, mode: str, workdir: Path)
         str(CHUNK_SIZE),
     )
     kv = connector_config(port, mode)
+    if async_load is not None:
+        kv["kv_connector_extra_config"]["lmcache.mp.async_load"] = str(async_load).lower()
     base = {"model": model, "lengths": args.lengths, "kv_transfer": kv}
     rows: list[dict[str, Any]] = []
-    server = start_server(port, mode, workdir / f"server-{mode}.log", *server_args)
+    server = start_server(port, mode, workdir / f"server-{label}.log", *server_args)
     try:
-        rows += run_child(workdir, f"{mode}-first", {**base, "labels": ["miss", "hit"]})
-        rows += run_child(workdir, f"{mode}-fresh", {**base, "labels": ["hit_fresh"]})
+        rows += run_child(workdir, f"{label}-first", {**base, "labels": ["miss", "hit"]})
+        rows += run_child(workdir, f"{label}-fresh", {**base, "labels": ["hit_fresh"]})
     finally:
         stop_server(server)
-    server = start_server(port, mode, workdir / f"server-{mode}-restart.log", *server_args)
+    server = start_server(port, mode, workdir / f"server-{label}-restart.log", *server_args)
     try:
-        rows += run_child(workdir, f"{mode}-disk", {**base, "labels": ["hit_disk"]})
+        rows += run_child(workdir, f"{label}-disk", {**base, "labels": ["hit_disk"]})
     finally:
         stop_server(server)
     for row in rows:
-        row["mode"] = mode
+        row["mode"] = label
     return rows
 
 
@@ -275,6 +282,13 @@ def main() -> int:
     parser.add_argument("--lengths", default="1024,4096,8192")
     parser.add_argument("--modes", default="engine_driven,lmcache_driven")
     parser.add_argument("--l1-gb", type=float, default=4.0)
+    parser.add_argument(
+        "--async-load",
+        choices=("default", "true", "false", "both"),
+        default="default",
+        help="lmcache.mp.async_load for the connector runs; 'both' measures each mode "
+        "with asynchronous and with synchronous loads, side by side in one run",
+    )
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--plot", metavar="PNG")
     args = parser.parse_args()
@@ -293,8 +307,15 @@ def main() -> int:
     )
     reference = {r["length"]: r for r in ref_rows}
     rows: list[dict] = []
+    variants: list[bool | None] = {
+        "default": [None],
+        "true": [True],
+        "false": [False],
+        "both": [True, False],
+    }[args.async_load]
     for mode in [m for m in args.modes.split(",") if m]:
-        rows += measure_mode(args, model, mode, workdir)
+        for async_load in variants:
+            rows += measure_mode(args, model, mode, workdir, async_load)
     results = table(reference, rows, args.lengths)
     print_table(results)
     wrong = [r for r in results for k, v in r.items() if k.endswith("same_token") and not v]
