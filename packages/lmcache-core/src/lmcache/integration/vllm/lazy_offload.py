@@ -215,9 +215,10 @@ class LazyOffloadQueue:
 
     def admit(self, item: LMCacheMPRequestMetadata, chunk_size: int) -> bool:
         """Buffer a store operation (trimmed, see the module docstring); False when none of
-        it could be.  Either way the caller moves on: a later operation of the request
-        starts at the chunk boundary below this one's end, so a trimmed tail is offered
-        again once its blocks are whole."""
+        it could be.  Either way the caller moves on: a later operation of the request, if
+        any (``save_decode_cache``), starts at the chunk boundary below this one's end, so
+        a trimmed tail is offered again once its blocks are whole; a prompt's partial last
+        chunk is otherwise not stored lazily."""
         if self.pool is None:
             raise RuntimeError("lazy offload has no block pool bound yet")
         buffer = self._buffers.get(item.request_id)
