@@ -225,45 +225,42 @@ class LazyOffloadQueue:
         if buffer is not None and buffer.broken:
             self.counters.rejected_broken_prefix += 1
             return False
-        trimmed = self._trim_to_hashed(item, chunk_size)
-        if trimmed is None:
+        admissible = self._hashed_prefix(item, chunk_size)
+        if admissible is None:
             self.counters.rejected_unhashed += 1
             return False
+        trimmed, hashes = admissible
         if buffer is None:
             buffer = self._buffers[item.request_id] = _RequestBuffer()
-        buffer.ops.append(_Buffered(trimmed, self._hashes(trimmed.op), self._clock()))
+        buffer.ops.append(_Buffered(trimmed, hashes, self._clock()))
         self.counters.admitted += 1
         return True
 
-    def _trim_to_hashed(
+    def _hashed_prefix(
         self, item: LMCacheMPRequestMetadata, chunk_size: int
-    ) -> LMCacheMPRequestMetadata | None:
-        """The op, cut back to its last whole chunk when its tail blocks have no hash."""
+    ) -> tuple[LMCacheMPRequestMetadata, dict[int, Hashable]] | None:
+        """The op (cut back to its last whole chunk when its tail blocks have no hash) and
+        the hashes of the blocks it then covers, each read once; None when no whole chunk
+        of it is hashed."""
         assert self.pool is not None
         op = item.op
-        blocks = covered_blocks(op, self.block_size)
-        if all(self.pool.block_hash(b) is not None for b in blocks):
-            return item
-        end = (op.end // chunk_size) * chunk_size
-        while end > op.start:
-            trimmed = dataclasses.replace(op, end=end, token_ids=op.token_ids[:end])
-            if all(
-                self.pool.block_hash(b) is not None
-                for b in covered_blocks(trimmed, self.block_size)
-            ):
-                self.counters.trimmed_unhashed += 1
-                return dataclasses.replace(item, op=trimmed)
-            end -= chunk_size
-        return None
-
-    def _hashes(self, op: LoadStoreOp) -> dict[int, Hashable]:
-        assert self.pool is not None
         hashes: dict[int, Hashable] = {}
         for block_id in covered_blocks(op, self.block_size):
             value = self.pool.block_hash(block_id)
-            if value is not None:
-                hashes[block_id] = value
-        return hashes
+            if value is None:
+                break
+            hashes[block_id] = value
+        else:
+            return item, hashes
+        # The leading hashed blocks hold tokens up to hashed_end; keep whole chunks of them.
+        hashed_end = (op.start // self.block_size + len(hashes)) * self.block_size
+        end = (min(op.end, hashed_end) // chunk_size) * chunk_size
+        if end <= op.start:
+            return None
+        trimmed = dataclasses.replace(op, end=end, token_ids=op.token_ids[:end])
+        self.counters.trimmed_unhashed += 1
+        kept = {b: hashes[b] for b in covered_blocks(trimmed, self.block_size)}
+        return dataclasses.replace(item, op=trimmed), kept
 
     # -- request lifecycle --------------------------------------------------------------------
 
