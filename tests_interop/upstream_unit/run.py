@@ -403,9 +403,9 @@ DESELECTED: dict[str, str] = {
     "(non-SHM) tensors through kv_wrap, which upstream migrates implicitly; ours refuses "
     "them with a ValueError naming migrate_to_shm_and_wrap",
     _CPU_SHM + "test_migrate_ignores_stale_entry_from_id_reuse": "needs upstream's private "
-    "test hook inject_stale_cache_entry_for_test, which ours does not have: our migration "
-    "registry drops an entry when its storage is freed (weak-reference callback), so no "
-    "stale entry outlives its storage",
+    "test hook inject_stale_cache_entry_for_test into an id-keyed segment cache, which ours "
+    "does not have: the migration mark lives on the storage object itself and dies with it, "
+    "so no stale entry can outlive its storage",
     "tests/v1/platform/devices/cuda/test_cuda_tensor_from_ptr.py": "monkeypatches module "
     "globals of upstream's in-core CUDA device_ops module; ours is in the lmcache-cuda plugin",
     "tests/v1/platform/test_cache_context_dispatch.py::test_dispatches_by_cpu_device_type": (

@@ -159,16 +159,28 @@ def test_a_sibling_migrated_after_the_segment_died_gets_a_new_one() -> None:
         unlink_segment(wrapper.shm_name)
 
 
-def test_registry_forgets_a_storage_once_it_is_freed() -> None:
+def test_the_migration_mark_lives_and_dies_with_its_storage() -> None:
+    """Siblings find the segment through the original storage itself; once that storage
+    is freed nothing of it remains, so a new buffer (whatever its id) gets its own."""
     base = torch.zeros(64)
-    key = id(base.untyped_storage())
     view = base[:32]
-    migrate_to_shm_and_wrap(view)
-    entry = shm._migrations[key]
-    del base, view
-    gc.collect()
-    assert entry.origin() is None
-    assert shm._migrations.get(key) is not entry
+    wrapper = migrate_to_shm_and_wrap(view)
+    try:
+        assert shm._migrated_storage(base.untyped_storage()) is view.untyped_storage()
+        old_name = wrapper.shm_name
+        del base, view
+        gc.collect()
+        for _ in range(8):  # new buffers, some of which may reuse the freed storage's id
+            fresh = torch.arange(64, dtype=torch.float32)
+            assert shm._migrated_storage(fresh.untyped_storage()) is None
+            other = migrate_to_shm_and_wrap(fresh[:16])
+            try:
+                assert other.shm_name != old_name
+                assert torch.equal(fresh[:16], torch.arange(16, dtype=torch.float32))
+            finally:
+                unlink_segment(other.shm_name)
+    finally:
+        unlink_segment(wrapper.shm_name)
 
 
 def test_to_tensor_mapping_belongs_to_the_returned_tensor() -> None:

@@ -398,28 +398,12 @@ def _normalized_layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], tuple[int
     return shape, _contiguous_strides(shape)
 
 
-@dataclass(frozen=True)
-class _Migration:
-    """A storage already copied into a segment: where its views are re-pointed."""
-
-    origin: weakref.ReferenceType[torch.UntypedStorage]
-    target: weakref.ReferenceType[torch.UntypedStorage]
-    shm_name: str
-
-
-# Original storage (by id) -> its migration, so sibling views of one buffer share one
-# segment.  An entry leaves when its original storage is freed (weak-reference callback),
-# so a recycled id never finds a stale entry.  Reentrant: that callback can run from a
-# garbage collection triggered while a migration holds the lock.
-_migrations: dict[int, _Migration] = {}
-_migrations_lock = threading.RLock()
-
-
-def _forget_migration(key: int, origin: weakref.ReferenceType[torch.UntypedStorage]) -> None:
-    with _migrations_lock:
-        entry = _migrations.get(key)
-        if entry is not None and entry.origin is origin:
-            del _migrations[key]
+# The attribute on an original storage naming (weakly) the segment storage it was copied
+# into.  Torch keeps one Python object per storage while the storage lives, so the mark
+# is found from any view of the buffer and dies with it: no process-wide table.
+_MIGRATED_TO = "_lmcache_shm_migrated_to"
+# Serialises migrations, so two sibling views migrated at once share one segment.
+_migration_lock = threading.Lock()
 
 
 def _segment_freed(shm_name: str) -> None:
@@ -429,10 +413,10 @@ def _segment_freed(shm_name: str) -> None:
 
 
 def _migrated_storage(origin: torch.UntypedStorage) -> torch.UntypedStorage | None:
-    entry = _migrations.get(id(origin))
-    if entry is None or entry.origin() is not origin:
-        return None
-    return entry.target()  # None once every tensor in the segment was freed
+    target_ref: weakref.ReferenceType[torch.UntypedStorage] | None = getattr(
+        origin, _MIGRATED_TO, None
+    )
+    return None if target_ref is None else target_ref()  # None once the segment was freed
 
 
 def _migrate_storage(origin: torch.UntypedStorage) -> torch.UntypedStorage:
@@ -449,9 +433,7 @@ def _migrate_storage(origin: torch.UntypedStorage) -> torch.UntypedStorage:
     target = raw.untyped_storage()
     # The storage object outlives ``raw``: torch keeps it while any tensor uses the pages.
     weakref.finalize(target, _segment_freed, shm_name)
-    key = id(origin)
-    origin_ref = weakref.ref(origin, lambda ref: _forget_migration(key, ref))
-    _migrations[key] = _Migration(origin_ref, weakref.ref(target), shm_name)
+    setattr(origin, _MIGRATED_TO, weakref.ref(target))
     logger.debug("moved a %d-byte CPU storage into shared memory %s", nbytes, shm_name)
     return target
 
@@ -474,7 +456,7 @@ def migrate_to_shm_and_wrap(tensor: torch.Tensor) -> CpuShmTensorWrapper:
         return CpuShmTensorWrapper.wrap(tensor)
     shape, stride = _normalized_layout(tensor)
     origin = tensor.untyped_storage()
-    with _migrations_lock:
+    with _migration_lock:
         target = _migrated_storage(origin)
         if target is None:
             target = _migrate_storage(origin)
