@@ -67,6 +67,36 @@ def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | Non
     return _error(401, "unauthorized", message, {"WWW-Authenticate": challenge})
 
 
+async def clear_cache_reply(
+    engine: MPCacheServer, request: Request, allow_cache_clear: bool, force: bool
+) -> Any:
+    """The ``POST /cache/clear`` answer: 403 unless enabled, 401 without the admin token
+    (when one is configured), 400 for a body other than ``{"force": <bool>}``; otherwise
+    removes every L1 object (``force`` also the pinned ones).  Shared with the
+    upstream-shaped routes in :mod:`lmcache.v1.multiprocess.http_apis`."""
+    if not allow_cache_clear:
+        return _error(
+            403, "forbidden", "cache clearing over HTTP is off (--enable-http-cache-clear)"
+        )
+    refused = _unauthorized(engine, request)
+    if refused is not None:
+        return refused
+    body = await request.body()
+    if body:
+        try:
+            payload = await request.json()
+        except ValueError:
+            return _error(400, "bad_request", 'the body must be JSON, e.g. {"force": true}')
+        if not isinstance(payload, dict) or set(payload) - {"force"}:
+            return _error(400, "bad_request", 'the body may only hold {"force": <bool>}')
+        if not isinstance(payload.get("force", False), bool):
+            return _error(400, "bad_request", '"force" must be a boolean')
+        force = force or bool(payload.get("force", False))
+    removed = engine.remove_all(force=force)
+    logger.info("HTTP /cache/clear removed %d objects (force=%s)", removed, force)
+    return {"status": "ok", "removed": removed, "force": force}
+
+
 def build_app(
     engine: MPCacheServer,
     is_serving: Callable[[], bool] = lambda: True,
@@ -112,27 +142,7 @@ def build_app(
 
     @app.post("/cache/clear")
     async def cache_clear(request: Request, force: bool = False) -> Any:
-        if not allow_cache_clear:
-            return _error(
-                403, "forbidden", "cache clearing over HTTP is off (--enable-http-cache-clear)"
-            )
-        refused = _unauthorized(engine, request)
-        if refused is not None:
-            return refused
-        body = await request.body()
-        if body:
-            try:
-                payload = await request.json()
-            except ValueError:
-                return _error(400, "bad_request", 'the body must be JSON, e.g. {"force": true}')
-            if not isinstance(payload, dict) or set(payload) - {"force"}:
-                return _error(400, "bad_request", 'the body may only hold {"force": <bool>}')
-            if not isinstance(payload.get("force", False), bool):
-                return _error(400, "bad_request", '"force" must be a boolean')
-            force = force or bool(payload.get("force", False))
-        removed = engine.remove_all(force=force)
-        logger.info("HTTP /cache/clear removed %d objects (force=%s)", removed, force)
-        return {"status": "ok", "removed": removed, "force": force}
+        return await clear_cache_reply(engine, request, allow_cache_clear, force)
 
     return app
 
