@@ -1,0 +1,12 @@
+"""Upstream LMCache 0.5.6's ``lmcache.v1.multiprocess.http_apis``: the MP server's HTTP
+routes as one module per group, each exposing a FastAPI ``router``; every ``*_api`` module
+here is mounted by :class:`lmcache.v1.multiprocess.http_api_registry.HTTPAPIRegistry`.
+
+The routes find the cache server on ``request.app.state.engine`` (an
+:class:`~lmcache.v1.multiprocess.server.handler.MPCacheServer`) and answer 503 until it is
+set.  Provided groups: :mod:`.info_api` (``/``, ``/healthcheck``, ``/status``, the version
+routes) and :mod:`.cache_api` (``POST /cache/clear``).  Upstream's object listing,
+prefetch, checksum, configuration and reconfiguration groups are not provided.
+``lmcache server`` itself serves :func:`lmcache.v1.multiprocess.server.http_frontend.build_app`,
+which serves its own variants of these routes plus ``/metrics``.
+"""
