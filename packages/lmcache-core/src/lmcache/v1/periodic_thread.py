@@ -189,8 +189,8 @@ class PeriodicThread(ABC):
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the loop to end and wait up to ``timeout`` seconds for it (a cycle in
-        progress is not interrupted).  Never called from the loop's own thread by the
-        loop; if a task calls it on itself, the join is skipped."""
+        progress is not interrupted).  Called by the task itself, it returns at once and
+        the loop ends after the current cycle."""
         with self._lock:
             thread = self._thread
         if thread is None:
