@@ -7,7 +7,9 @@ module itself (upstream's ``BlendModule`` with its lookup, retrieve and store pa
 native retrieve plan) is **not provided** by lmcache-core. What is provided:
 
 * :mod:`.rope` -- the re-RoPE state and per-group rotation geometry
-  (``_CBRopeState``, ``_cb_group_rope_geometry``), re-exported here under upstream's names.
+  (``_CBRopeState``, ``_cb_group_rope_geometry``), re-exported here under upstream's names;
+* :mod:`.reorder` -- the prompt reorder planner (``plan``) and its ``PromptStore``
+  (import the submodule; it is not loaded by this package).
 
 The rotation itself is ``rotary_embedding_k_fused_strided`` of the device ops
 (``lmcache.device_ops``; torch baseline in :mod:`lmcache.v1.platform.torch_ops.pos_kernels`).
