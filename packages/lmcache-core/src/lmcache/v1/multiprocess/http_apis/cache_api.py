@@ -120,7 +120,9 @@ def compute_block_checksums(
     index_on: dict[torch.device, torch.Tensor] = {index.device: index}
     gathered: list[torch.Tensor] = []
     for kv, axis in zip(kv_tensors, block_axes, strict=True):
-        idx = index_on.setdefault(kv.device, index.to(kv.device))
+        idx = index_on.get(kv.device)
+        if idx is None:
+            idx = index_on[kv.device] = index.to(kv.device)
         gathered.append(_hashable(kv.index_select(axis, idx)))
 
     checksums: list[str] | dict[str, list[str]]
