@@ -1,4 +1,5 @@
-"""Upstream LMCache 0.5.6's cache route group, reduced to ``POST /cache/clear``.
+"""Upstream LMCache 0.5.6's cache route group, reduced to ``POST /cache/clear``, plus the
+block checksum computation upstream keeps in this module (:mod:`.block_checksums`).
 
 Answered by :func:`~lmcache.v1.multiprocess.server.http_frontend.clear_cache_reply`, the
 same code as ``lmcache server``'s own route, so the same guards apply: clearing is refused
@@ -15,9 +16,22 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from lmcache.v1.multiprocess.http_apis.block_checksums import (
+    block_axes_for_formats,
+    block_axis_for_format,
+    compute_block_checksums,
+)
 from lmcache.v1.multiprocess.server.http_frontend import clear_cache_reply
 
-__all__ = ["router"]
+__all__ = [
+    "block_axes_for_formats",
+    "block_axis_for_format",
+    "compute_block_checksums",
+    "router",
+]
+
+# Upstream 0.5.6's private name, which its unit tests import.
+_compute_block_checksums = compute_block_checksums
 
 router = APIRouter()
 

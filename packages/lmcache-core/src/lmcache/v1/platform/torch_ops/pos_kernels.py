@@ -73,9 +73,30 @@ def rotary_embedding_k_fused_strided(
     cos_sin_cache: torch.Tensor,
     is_neox: bool,
 ) -> None:
-    """Like :func:`rotary_embedding_k_fused` for keys whose heads are ``head_stride`` wide;
-    only the leading ``head_size`` elements of each head take part."""
+    """Like :func:`rotary_embedding_k_fused` for keys whose heads lie ``head_stride``
+    elements apart; only the leading ``head_size`` elements of each head take part.
+
+    As in the native kernel, ``key``'s own strides are not consulted: head ``h`` of token
+    ``t`` starts ``(t * NH + h) * head_stride`` elements after ``key``'s first element,
+    with ``NH = key.shape[-2]`` (a 2-D key ``[T, NH * head_stride]`` is split into heads).
+    So ``key`` may be the full ``[T, NH, head_stride]`` rows (fused K|V: the K half
+    turns) or a window sliced out of them, e.g. an MLA latent's trailing rope dims
+    ``latent[..., offset:]`` with the row width as ``head_stride``.
+    """
     if head_size > head_stride:
         raise ValueError(f"head_size {head_size} exceeds head_stride {head_stride}")
-    heads = key.view(key.shape[0], -1, head_stride)[..., :head_size]
+    if key.dim() == 2:
+        tokens, n_heads = key.shape[0], key.shape[1] // head_stride
+    else:
+        n_heads = key.shape[-2]
+        tokens = key.numel() // max(key.shape[-1] * n_heads, 1)
+    start = key.storage_offset()
+    end = start + (tokens * n_heads - 1) * head_stride + head_size
+    if tokens and n_heads and end > key.untyped_storage().nbytes() // key.element_size():
+        raise ValueError(
+            f"{tokens} tokens x {n_heads} heads of stride {head_stride} overrun the key's storage"
+        )
+    heads = key.as_strided(
+        (tokens, n_heads, head_size), (n_heads * head_stride, head_stride, 1), start
+    )
     _rotate_heads(heads, old_positions, new_positions, cos_sin_cache, is_neox)
