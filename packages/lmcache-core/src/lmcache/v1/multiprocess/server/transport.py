@@ -25,11 +25,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
 
+from lmcache.v1.multiprocess.affinity_pool import AffinityThreadPool
 from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog
@@ -47,24 +48,6 @@ _MAX_ECHOED_UID_BYTES = 16
 # Requests queued or running in the handler pools; beyond it the loop stops reading new
 # ones (ZeroMQ holds them, pushing back on senders) so a flood cannot grow memory unbounded.
 MAX_IN_FLIGHT = 1024
-
-
-class AffinityThreadPool:
-    """Single-thread executors; a key always lands on the same one (ordering per key)."""
-
-    def __init__(self, size: int, name: str) -> None:
-        self._executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{i}")
-            for i in range(max(1, size))
-        ]
-
-    def submit(self, key: bytes, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        executor = self._executors[hash(key) % len(self._executors)]
-        return executor.submit(fn, *args)
-
-    def shutdown(self, wait: bool = True) -> None:
-        for executor in self._executors:
-            executor.shutdown(wait=wait)
 
 
 def bind_handlers(engine: MPCacheServer) -> dict[str, Callable[..., Any]]:
@@ -108,7 +91,9 @@ class MPServer:
         self._push_sockets: list[zmq.Socket[Any]] = []
         self._push_lock = threading.Lock()
         transfer_threads, other_threads = config.pool_workers()
-        self._affinity = AffinityThreadPool(transfer_threads, "lmc-transfer")
+        # Bound by client identity in arrival order: up to ``transfer_threads`` clients
+        # get a thread each, so one client's transfers never queue behind another's.
+        self._affinity = AffinityThreadPool(max(1, transfer_threads), "lmc-transfer")
         self._pool = ThreadPoolExecutor(other_threads, thread_name_prefix="lmc-handler")
         self._stop = threading.Event()
         self._in_flight = 0
@@ -293,7 +278,9 @@ class MPServer:
         self._begin()
         try:
             if affinity:
-                self._affinity.submit(head[0], self._run_and_push, head, handler, payloads)
+                self._affinity.submit(
+                    self._run_and_push, head, handler, payloads, affinity_key=head[0]
+                )
             else:
                 self._pool.submit(self._run_and_push, head, handler, payloads)
         except RuntimeError as exc:  # the pool is shut down: answer here, keep the count right
