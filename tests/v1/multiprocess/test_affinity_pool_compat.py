@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -80,3 +81,44 @@ def test_base_exception_reaches_the_future_and_the_worker_survives() -> None:
 def test_needs_a_worker() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         AffinityThreadPool(max_workers=0)
+
+
+def test_release_idle_keys_keeps_only_keys_with_work_in_flight() -> None:
+    # The MP server keys by ZMQ identity; reconnecting clients bring fresh identities, so
+    # an idle key must not stay in the table forever.
+    pool = AffinityThreadPool(max_workers=2, thread_name_prefix="rel", release_idle_keys=True)
+    for i in range(50):
+        pool.submit(_thread_name, affinity_key=f"client-{i}".encode()).result(timeout=5)
+    assert _settles(lambda: pool.bound_keys == 0)
+    pool.shutdown()
+
+
+def _settles(check: Callable[[], bool]) -> bool:
+    """``check`` holds within a second (a key is released by the future's done callback,
+    which runs on the worker just after the caller's ``result`` returns)."""
+    wait = threading.Event()
+    for _ in range(100):
+        if check():
+            return True
+        wait.wait(0.01)
+    return check()
+
+
+def test_release_idle_keys_keeps_order_and_slot_while_work_is_pending() -> None:
+    pool = AffinityThreadPool(max_workers=2, thread_name_prefix="ord", release_idle_keys=True)
+    gate = threading.Event()
+    order: list[int] = []
+    first = pool.submit(gate.wait, 5, affinity_key=b"a")
+    later = [pool.submit(order.append, i, affinity_key=b"a") for i in range(5)]
+    other = pool.submit(_thread_name, affinity_key=b"b").result(timeout=5)
+    assert other == "ord-1"  # the least-loaded slot, while "a" holds slot 0
+    assert _settles(lambda: pool.bound_keys == 1)  # "b" is idle and released, "a" is not
+    assert pool.slot_for(b"a") == 0
+    assert pool.slot_for(b"c") == 1  # an idle key is not bound by asking
+    assert pool.bound_keys == 1
+    gate.set()
+    first.result(timeout=5)
+    for f in later:
+        f.result(timeout=5)
+    assert order == [0, 1, 2, 3, 4]
+    pool.shutdown()

@@ -9,6 +9,11 @@ uses it for its ordered (store/retrieve-family) operations, keyed by the client 
   (a ``hash(key) % n`` scheme would let two keys share a thread while another idles).
   Later keys wrap around onto earlier slots (warned about once).
 * A binding never changes, so one key's tasks run one after another in submission order.
+  With ``release_idle_keys=True`` (the MP server's choice) a key is unbound as soon as it
+  has no queued or running task, and a new binding goes to the slot with the fewest bound
+  keys: order per key still holds (a key with pending work keeps its slot), and the table
+  holds only keys with work in flight, so a long-lived server whose clients reconnect
+  under fresh identities does not grow it without bound.
 * :meth:`AffinityThreadPool.submit` returns a :class:`concurrent.futures.Future`; after
   :meth:`~AffinityThreadPool.shutdown` it raises ``RuntimeError`` as
   :class:`~concurrent.futures.ThreadPoolExecutor` does, and tasks queued before the
@@ -39,7 +44,13 @@ class AffinityThreadPool:
     MP transports submit from one thread.
     """
 
-    def __init__(self, max_workers: int, thread_name_prefix: str = "affinity") -> None:
+    def __init__(
+        self,
+        max_workers: int,
+        thread_name_prefix: str = "affinity",
+        *,
+        release_idle_keys: bool = False,
+    ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         self._prefix = thread_name_prefix
@@ -47,6 +58,11 @@ class AffinityThreadPool:
             queue.SimpleQueue() for _ in range(max_workers)
         ]
         self._slots: dict[Hashable, int] = {}
+        self._release_idle_keys = release_idle_keys
+        # Per key: tasks submitted and not yet finished (tracked only when releasing).
+        self._pending: dict[Hashable, int] = {}
+        # Per slot: keys bound to it now.
+        self._slot_load = [0] * max_workers
         self._lock = threading.Lock()
         self._shut_down = False
         self._warned_overflow = False
@@ -73,6 +89,12 @@ class AffinityThreadPool:
     def max_workers(self) -> int:
         return len(self._queues)
 
+    @property
+    def bound_keys(self) -> int:
+        """How many keys are bound to a slot now."""
+        with self._lock:
+            return len(self._slots)
+
     @staticmethod
     def _run_worker(tasks: queue.SimpleQueue[_Task | None]) -> None:
         while (task := tasks.get()) is not None:
@@ -90,18 +112,28 @@ class AffinityThreadPool:
             del task, future, fn, args, kwargs
 
     def slot_for(self, affinity_key: Hashable) -> int:
-        """The worker slot ``affinity_key`` is bound to, binding it on first use."""
+        """The worker slot ``affinity_key`` is bound to, binding it on first use (with
+        ``release_idle_keys`` an idle key is not bound: the answer is the slot it would
+        get now)."""
         with self._lock:
+            if self._release_idle_keys and affinity_key not in self._slots:
+                return self._least_loaded_slot()
             return self._bind(affinity_key)
+
+    def _least_loaded_slot(self) -> int:
+        # Lowest index first: with no releases this is arrival order, wrapping
+        # round-robin once every slot has a key.
+        return min(range(len(self._queues)), key=self._slot_load.__getitem__)
 
     def _bind(self, affinity_key: Hashable) -> int:
         slot = self._slots.get(affinity_key)
         if slot is not None:
             return slot
-        bound = len(self._slots)
-        slot = bound % len(self._queues)
+        slot = self._least_loaded_slot()
+        shared = self._slot_load[slot] > 0
         self._slots[affinity_key] = slot
-        logger.info(
+        self._slot_load[slot] += 1
+        logger.debug(
             "AffinityThreadPool %r: affinity_key=%r bound to worker slot %d of %d (%s)",
             self._prefix,
             affinity_key,
@@ -109,7 +141,7 @@ class AffinityThreadPool:
             len(self._queues),
             self._threads[slot].name,
         )
-        if bound >= len(self._queues) and not self._warned_overflow:
+        if shared and not self._warned_overflow:
             self._warned_overflow = True
             logger.warning(
                 "AffinityThreadPool %r: affinity_key=%r wrapped onto worker slot %d: more "
@@ -131,9 +163,22 @@ class AffinityThreadPool:
             if self._shut_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             slot = self._bind(affinity_key)
+            if self._release_idle_keys:
+                self._pending[affinity_key] = self._pending.get(affinity_key, 0) + 1
+                future.add_done_callback(lambda _f: self._task_finished(affinity_key))
             # Enqueued under the lock so no task can land behind a worker's stop marker.
             self._queues[slot].put((future, fn, args, kwargs))
         return future
+
+    def _task_finished(self, affinity_key: Hashable) -> None:
+        """Unbind ``affinity_key`` once its last pending task is done (or cancelled)."""
+        with self._lock:
+            left = self._pending[affinity_key] - 1
+            if left:
+                self._pending[affinity_key] = left
+                return
+            del self._pending[affinity_key]
+            self._slot_load[self._slots.pop(affinity_key)] -= 1
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop accepting tasks; workers finish what is queued, then exit.

@@ -91,9 +91,12 @@ class MPServer:
         self._push_sockets: list[zmq.Socket[Any]] = []
         self._push_lock = threading.Lock()
         transfer_threads, other_threads = config.pool_workers()
-        # Bound by client identity in arrival order: up to ``transfer_threads`` clients
+        # Keyed by client identity: up to ``transfer_threads`` clients with work in flight
         # get a thread each, so one client's transfers never queue behind another's.
-        self._affinity = AffinityThreadPool(max(1, transfer_threads), "lmc-transfer")
+        # Idle identities are released: reconnecting clients get fresh ones.
+        self._affinity = AffinityThreadPool(
+            max(1, transfer_threads), "lmc-transfer", release_idle_keys=True
+        )
         self._pool = ThreadPoolExecutor(other_threads, thread_name_prefix="lmc-handler")
         self._stop = threading.Event()
         self._in_flight = 0
