@@ -6,7 +6,9 @@ the SHM sub-path), and both transfer modes (``auto``).  An HTTP frontend on
 127.0.0.1:8080 answers /healthcheck, /status and /metrics (Prometheus; also on
 --prometheus-port 9090); ``--http-port 0`` and ``--prometheus-port 0`` turn them off.
 SIGINT/SIGTERM shut it down cleanly: in-flight requests are answered, the disk tier is
-flushed and the shared memory it created is removed.
+flushed and the shared memory it created is removed.  Upstream 0.5.6's flags for
+features this server lacks (coordinator, P2P, CacheBlend, server modules) are accepted and
+logged as ignored at start-up; ``--transport grpc`` is refused.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from typing import Any
 
 from lmcache.v1.multiprocess.config import (
     MPServerConfig,
+    add_coordinator_args,
     add_mp_server_args,
+    add_p2p_args,
     apply_config_file,
     config_from_args,
     load_config_file,
     log_level,
+    parse_args_to_coordinator_config,
 )
 
 # Flags a config file may not set: they choose the file, or belong to the CLI itself.
@@ -32,6 +37,9 @@ def register(subparsers: Any) -> None:
         "server", help="Launch the LMCache MP cache server.", description=__doc__
     )
     add_mp_server_args(parser)
+    # Upstream's flags for features this server lacks: accepted, and logged as ignored.
+    add_p2p_args(parser)
+    add_coordinator_args(parser)
     parser.add_argument(
         "--config",
         default=None,
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.server_log_level:
         init_logger(args.server_log_level)
     config = resolve_config(args)
+    coordinator = parse_args_to_coordinator_config(args)
 
     def announce(server: MPServer) -> None:
         stats = server.engine.get_stats()
@@ -80,4 +89,4 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    return run_server(config, ready=announce)
+    return run_server(config, ready=announce, coordinator=coordinator)

@@ -5,6 +5,20 @@ file's values go through the very same validators (:mod:`.config_file`), so a ba
 size is a one-line error naming the flag before anything is allocated.  The flags
 themselves are declared in :mod:`.server_flags`.  This module stays the entry point named
 by the seeds: it re-exports every name it had before the split.
+
+It is also upstream LMCache 0.5.6's ``lmcache.v1.multiprocess.config``: the same names
+parse the same flags (``add_mp_server_args`` + ``parse_args_to_mp_server_config``,
+``add_coordinator_args`` + ``parse_args_to_coordinator_config``, ``add_p2p_args`` +
+``parse_args_to_p2p_config``).  Some of what they describe this server does not do, and it
+says so at start-up rather than pretending (:mod:`.server.unsupported`):
+
+* :class:`CoordinatorConfig` and its cache-event sinks (:mod:`.coordinator_config`): no
+  coordinator client; a coordinator URL or event reporting is logged as ignored.
+* :class:`P2PConfig` (:mod:`.p2p_config`): no peer-to-peer transfer; ignored, logged.
+* ``MPServerConfig.transport``: ZMQ only; ``grpc`` is refused at start-up.
+* ``engine_type="blend"``, ``isolated_ipc``, a non-zero ``null_block_id`` and
+  ``server_modules`` (:mod:`.server_module_spec`): ignored, logged.
+* ``grpc_server_workers``: checked (>= 1), used by no transport here.
 """
 
 from __future__ import annotations
@@ -23,6 +37,16 @@ from lmcache.v1.multiprocess.config_file import (
     load_config_file,
     track_explicit_flags,
 )
+from lmcache.v1.multiprocess.coordinator_config import (
+    DEFAULT_COORDINATOR_CONFIG,
+    DEFAULT_KAFKA_CACHE_EVENT_TOPIC,
+    DEFAULT_KAFKA_DELIVERY_TIMEOUT,
+    CoordinatorConfig,
+    HttpCacheEventSinkConfig,
+    KafkaCacheEventSinkConfig,
+    add_coordinator_args,
+    parse_args_to_coordinator_config,
+)
 from lmcache.v1.multiprocess.flag_types import (
     LOG_LEVELS,
     log_level,
@@ -34,12 +58,24 @@ from lmcache.v1.multiprocess.flag_types import (
     tcp_port_or_off,
     usable_directory,
 )
+from lmcache.v1.multiprocess.p2p_config import (
+    DEFAULT_P2P_CONFIG,
+    P2PConfig,
+    add_p2p_args,
+    parse_args_to_p2p_config,
+)
 from lmcache.v1.multiprocess.server_flags import (
     AUTO_SHM,
+    ENGINE_TYPES,
+    TRANSPORTS,
     add_admin_args,
     add_http_frontend_args,
     add_mp_server_args,
     add_observability_args,
+)
+from lmcache.v1.multiprocess.server_module_spec import (
+    ExtServerModuleSpec,
+    parse_server_module_specs,
 )
 from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from lmcache.v1.platform.transfer_mode import MPTransferMode
@@ -48,14 +84,27 @@ from lmcache.v1.storage_backend.tier_settings import TierSettings
 __all__ = [
     "AUTO_SHM",
     "CACHE_POLICIES",
+    "DEFAULT_COORDINATOR_CONFIG",
+    "DEFAULT_KAFKA_CACHE_EVENT_TOPIC",
+    "DEFAULT_KAFKA_DELIVERY_TIMEOUT",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_P2P_CONFIG",
+    "ENGINE_TYPES",
     "LOG_LEVELS",
+    "TRANSPORTS",
+    "CoordinatorConfig",
+    "ExtServerModuleSpec",
+    "HttpCacheEventSinkConfig",
+    "KafkaCacheEventSinkConfig",
     "MPServerConfig",
     "MPTransferMode",
+    "P2PConfig",
     "add_admin_args",
+    "add_coordinator_args",
     "add_http_frontend_args",
     "add_mp_server_args",
     "add_observability_args",
+    "add_p2p_args",
     "apply_config_file",
     "config_from_args",
     "default_l1_size_gb",
@@ -64,6 +113,10 @@ __all__ = [
     "log_level",
     "meminfo_available_bytes",
     "non_negative_float",
+    "parse_args_to_coordinator_config",
+    "parse_args_to_mp_server_config",
+    "parse_args_to_p2p_config",
+    "parse_server_module_specs",
     "positive_float",
     "positive_int",
     "tcp_port",
@@ -80,7 +133,8 @@ _DEFAULT_L1_FREE_FRACTION = 0.25
 class MPServerConfig:
     host: str = "127.0.0.1"
     port: int = 5555
-    instance_id: str = ""
+    # A fresh id per config, as upstream; "" (set explicitly) is resolved at start-up.
+    instance_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     chunk_size: int = 256
     max_workers: int | None = None
     max_gpu_workers: int | None = None
@@ -109,6 +163,14 @@ class MPServerConfig:
     enable_admin_ops: bool = False
     admin_token: str | None = dataclasses.field(default=None, repr=False)
     admin_token_file: str | None = None
+    # Upstream 0.5.6 settings this server does not act on (see the module docstring).
+    transport: str = "zmq"
+    grpc_server_workers: int = 32
+    null_block_id: int = 0
+    engine_type: str = "default"
+    isolated_ipc: bool = False
+    server_modules: list[ExtServerModuleSpec] = dataclasses.field(default_factory=list)
+    p2p_config: P2PConfig = dataclasses.field(default_factory=P2PConfig)
 
     def validate(self) -> MPServerConfig:
         """The flag validators, for configs built in code; raises ``ValueError``."""
@@ -153,6 +215,18 @@ class MPServerConfig:
                 check(str(value))
             except argparse.ArgumentTypeError as exc:
                 raise ValueError(f"argument {flag}: {exc}") from None
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"argument --transport: {self.transport!r} is not one of {TRANSPORTS}")
+        if self.engine_type not in ENGINE_TYPES:
+            raise ValueError(
+                f"argument --engine-type: {self.engine_type!r} is not one of {ENGINE_TYPES}"
+            )
+        if self.grpc_server_workers < 1:
+            # upstream's wording, which its tests match
+            raise ValueError(
+                f"argument --grpc-server-workers: grpc server workers must be >= 1; "
+                f"got {self.grpc_server_workers}"
+            )
         return self
 
     def resolved_instance_id(self) -> str:
@@ -216,10 +290,12 @@ def default_l1_size_gb() -> float:
 
 
 def config_from_args(args: argparse.Namespace) -> MPServerConfig:
+    """The config the flags describe (``ValueError`` for a bad ``--server-module``);
+    :meth:`MPServerConfig.validate` checks the rest."""
     return MPServerConfig(
         host=args.host,
         port=args.port,
-        instance_id=args.instance_id or "",
+        instance_id=args.instance_id or uuid.uuid4().hex,
         chunk_size=args.chunk_size,
         max_workers=args.max_workers,
         max_gpu_workers=args.max_gpu_workers,
@@ -247,4 +323,17 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         enable_admin_ops=args.enable_admin_ops,
         admin_token=args.admin_token,
         admin_token_file=args.admin_token_file,
+        transport=args.transport,
+        grpc_server_workers=args.grpc_server_workers,
+        null_block_id=args.null_block_id,
+        engine_type=args.engine_type,
+        isolated_ipc=args.isolated_ipc,
+        server_modules=parse_server_module_specs(args.server_module),
+        # the --p2p-* flags belong to another group; a parser without them gets defaults
+        p2p_config=parse_args_to_p2p_config(args),
     )
+
+
+def parse_args_to_mp_server_config(args: argparse.Namespace) -> MPServerConfig:
+    """Upstream's name: :func:`config_from_args`, validated (``ValueError`` if bad)."""
+    return config_from_args(args).validate()

@@ -43,12 +43,20 @@ class _TrackedAppend(argparse._AppendAction):
         _mark_explicit(namespace, self.dest)
 
 
+class _TrackedBooleanOptional(argparse.BooleanOptionalAction):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        super().__call__(parser, namespace, values, option)
+        _mark_explicit(namespace, self.dest)
+
+
 def track_explicit_flags(parser: argparse.ArgumentParser) -> None:
     """Make every later ``add_argument`` on ``parser`` record that its flag was given."""
     parser.register("action", None, _TrackedStore)
     parser.register("action", "store", _TrackedStore)
     parser.register("action", "store_true", _TrackedStoreTrue)
     parser.register("action", "append", _TrackedAppend)
+    # ``--flag/--no-flag`` pairs, spelled ``action="boolean_optional"``.
+    parser.register("action", "boolean_optional", _TrackedBooleanOptional)
 
 
 def explicit_flags(args: argparse.Namespace) -> set[str]:
@@ -80,13 +88,15 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 
 def _flag_name(action: argparse.Action) -> str:
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return action.option_strings[0]  # the positive spelling, not --no-...
     return action.option_strings[-1] if action.option_strings else action.dest
 
 
 def _convert_config_value(action: argparse.Action, value: Any, source: str) -> Any:
     """Run one config value through the flag's own ``type`` and ``choices``."""
     where = f"{_flag_name(action)} (from {source})"
-    if isinstance(action, argparse._StoreTrueAction):
+    if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
         if not isinstance(value, bool):
             raise ValueError(f"{where}: expected true or false, got {value!r}")
         return value

@@ -17,18 +17,26 @@ from typing import Any
 import zmq
 
 from lmcache.v1.multiprocess.config import MPServerConfig
+from lmcache.v1.multiprocess.coordinator_config import CoordinatorConfig
 from lmcache.v1.multiprocess.server.startup import build_cache_server
 from lmcache.v1.multiprocess.server.transport import MPServer
+from lmcache.v1.multiprocess.server.unsupported import check_supported
 
 logger = logging.getLogger(__name__)
 
 
-def run_server(config: MPServerConfig, ready: Callable[[MPServer], None] | None = None) -> int:
+def run_server(
+    config: MPServerConfig,
+    ready: Callable[[MPServer], None] | None = None,
+    coordinator: CoordinatorConfig | None = None,
+) -> int:
     """Build, serve until SIGINT/SIGTERM, shut down cleanly; returns an exit status.
 
     Start-up failures raise (``ValueError``/``RuntimeError``/``OSError`` with a one-line
     message) after releasing everything already made, shared memory included.
+    ``coordinator`` is only checked: upstream settings this server ignores are logged.
     """
+    check_supported(config, coordinator)
     # One id for the whole run (upstream: --instance-id, else a random uuid4 at start-up).
     config = dataclasses.replace(config, instance_id=config.resolved_instance_id())
     with _sigterm_interrupts():  # a SIGTERM while L1 is being made must still clean up
@@ -131,15 +139,25 @@ def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from lmcache.logging import init_logger
-    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args, log_level
+    from lmcache.v1.multiprocess.config import (
+        add_coordinator_args,
+        add_mp_server_args,
+        add_p2p_args,
+        config_from_args,
+        log_level,
+        parse_args_to_coordinator_config,
+    )
 
     parser = argparse.ArgumentParser(prog="python -m lmcache.v1.multiprocess.server")
     add_mp_server_args(parser)
+    add_p2p_args(parser)
+    add_coordinator_args(parser)
     parser.add_argument("--log-level", type=log_level, default=None)
     args = parser.parse_args(argv)
     init_logger(args.log_level)
     try:
-        return run_server(config_from_args(args))
+        coordinator = parse_args_to_coordinator_config(args)
+        return run_server(config_from_args(args), coordinator=coordinator)
     except (ValueError, RuntimeError, OSError) as exc:
         logger.debug("start-up failed", exc_info=True)
         parser.exit(1, f"{parser.prog}: error: {' '.join(str(exc).split())}\n")
