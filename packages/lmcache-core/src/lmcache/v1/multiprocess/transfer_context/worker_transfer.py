@@ -9,22 +9,34 @@
 ``LMCACHE_MP_TRANSFER_MODE``, else AUTO, which dispatches strictly by device type (``cuda``
 -> LMCache-driven, everything else -> engine-driven).  This module is the path the seeds
 name: it keeps exporting every name it always had.
+
+Upstream 0.5.6's names live here too: the module-level ``gather_paged_kv_to_cpu``,
+``scatter_cpu_to_paged_kv``, ``synchronize_device``, ``create_engine_driven_context`` and
+``torch_dev`` the engine-driven context looks up at call time (so they can be replaced).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from lmcache.v1.multiprocess.transfer_context.base import (
+    EngineDrivenContext,
+    EngineDrivenContextMetadata,
     MessagingFuture,
     TransferContext,
     _done,
     _failed,
+    _single_group_block_ids,
     _tensor_list,
+    compute_kv_layout,
+    create_engine_driven_context,
+    gather_paged_kv_to_cpu,
+    scatter_cpu_to_paged_kv,
 )
 from lmcache.v1.multiprocess.transfer_context.engine_driven import (
     _SHM_DIR,
@@ -39,12 +51,26 @@ from lmcache.v1.multiprocess.transfer_context.lmcache_driven import (
     declared_layout_hints,
     require_event_ipc,
 )
-from lmcache.v1.platform import get_device_spec, serving_device_type
+from lmcache.v1.platform import (
+    get_device_spec,
+    get_torch_device,
+    serving_device_type,
+    synchronize_device,
+)
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 from lmcache.v1.platform.transfer_mode import MPTransferMode, resolve_transfer_mode
 
 __all__ = [
     "ENV_ENGINE_DRIVEN_SUB_PATH",
+    "EngineDrivenContext",
+    "EngineDrivenContextMetadata",
+    "MPTransferMode",
+    "_single_group_block_ids",
+    "compute_kv_layout",
+    "create_engine_driven_context",
+    "gather_paged_kv_to_cpu",
+    "scatter_cpu_to_paged_kv",
+    "synchronize_device",
     "SUB_PATH_INLINE",
     "SUB_PATH_SHM",
     "EngineDrivenTransferContext",
@@ -62,6 +88,19 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    # ``torch_dev`` (upstream's name for the selected backend's torch module) resolves on
+    # first use: the backend registry is not built at import time.
+    if name == "torch_dev":
+        return get_torch_device()[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _torch_dev() -> Any:
+    """``torch_dev`` as seen through this module (a replaced one included)."""
+    return sys.modules[__name__].torch_dev
 
 
 def _build_lmcache_driven_context(
