@@ -1,7 +1,7 @@
-"""Upstream 0.5.6's engine-driven API on lmcache-core: gather/scatter and the transports.
+"""Upstream 0.5.6's engine-driven API on lmcache-core: gather/scatter, transports, async store.
 
 Upstream's own tests drive these with mocks; here they run on real tensors and, for the
-transports, against a real server in both sub-paths.
+transports and the asynchronous store, against a real server in both sub-paths.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import pytest
 import torch
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv
 
-from lmcache.v1.multiprocess.transfer_context import engine_driven
+from lmcache.v1.multiprocess.transfer_context import async_engine_driven, engine_driven
+from lmcache.v1.multiprocess.transfer_context.async_engine_driven import (
+    AsyncEngineDrivenTransferContext,
+)
 from lmcache.v1.multiprocess.transfer_context.base import (
     EngineDrivenContext,
     compute_kv_layout,
@@ -158,3 +161,36 @@ def test_native_transports_through_the_generic_sequence(
         ctx.close()
         reader.close()
         client.close()
+
+
+@pytest.mark.parametrize("sub", ["shm", "inline"])
+def test_async_store_against_a_real_server(
+    auto_server: ServerProcess, sub: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The host's own stream and event types: real objects, no accelerator needed.
+    monkeypatch.setattr(async_engine_driven, "torch_dev", torch.cpu)
+    model = f"async-{uuid.uuid4().hex[:8]}"
+    src = make_kv(seed=9)
+    client = auto_server.client()
+    ctx = AsyncEngineDrivenTransferContext(4343, client, sub_path=sub, commit_workers=2)
+    reader, dst = _reader(auto_server, model, sub)
+    try:
+        ctx.register(src, model, 1, PER_CHUNK, 10.0)
+        assert ctx.sub_path == sub
+        future = ctx.submit_store(
+            "r", _key(reader), None, [SRC_IDS], ctx.create_recorded_event(), 0
+        )
+        ctx.flush_inflight_stores()
+        assert future.result(timeout=10) is True
+        dst_ids = list(range(20, 20 + len(SRC_IDS)))
+        assert reader.retrieve(TOKENS, dst_ids)
+        assert all(torch.equal(d[:, dst_ids], s[:, SRC_IDS]) for d, s in zip(dst, src))
+        # Without the engine's event the store cannot be ordered after the forward pass.
+        with pytest.raises(RuntimeError, match="event"):
+            ctx.submit_store("r", _key(reader), None, [SRC_IDS], None, 0).result()
+    finally:
+        ctx.close()
+        reader.close()
+        client.close()
+    # After close a store is refused at once, without touching the server.
+    assert ctx.submit_store("r", object(), None, [SRC_IDS], object(), 0).result() is False

@@ -12,7 +12,10 @@ name: it keeps exporting every name it always had.
 
 Upstream 0.5.6's names live here too: the module-level ``gather_paged_kv_to_cpu``,
 ``scatter_cpu_to_paged_kv``, ``synchronize_device``, ``create_engine_driven_context`` and
-``torch_dev`` the engine-driven context looks up at call time (so they can be replaced).
+``torch_dev`` the engine-driven context looks up at call time (so they can be replaced),
+and ``_build_engine_driven_context``, which picks
+:class:`~.async_engine_driven.AsyncEngineDrivenTransferContext` where the device has
+streams, events and pinned memory.
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ __all__ = [
     "EngineDrivenContext",
     "EngineDrivenContextMetadata",
     "MPTransferMode",
+    "_build_engine_driven_context",
     "_single_group_block_ids",
+    "_supports_async_primitives",
     "compute_kv_layout",
     "create_engine_driven_context",
     "gather_paged_kv_to_cpu",
@@ -101,6 +106,49 @@ def __getattr__(name: str) -> Any:
 def _torch_dev() -> Any:
     """``torch_dev`` as seen through this module (a replaced one included)."""
     return sys.modules[__name__].torch_dev
+
+
+def _supports_async_primitives() -> bool:
+    """Whether the selected device offers what the asynchronous store needs.
+
+    A stream, events with ``record`` / ``synchronize`` / ``wait``, and pinned host memory.
+    The host itself (``torch.cpu``) has no asynchronous copies to overlap.
+    """
+    dev = _torch_dev()
+    if not hasattr(dev, "Stream") or not hasattr(dev, "Event"):
+        return False
+    if getattr(dev, "__name__", "") == "torch.cpu":
+        return False
+    is_available = getattr(dev, "is_available", None)
+    if callable(is_available) and not is_available():
+        return False
+    try:
+        dev.Stream()
+        event = dev.Event()
+    except Exception:
+        return False
+    if not all(callable(getattr(event, name, None)) for name in ("record", "synchronize", "wait")):
+        return False
+    try:
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def _build_engine_driven_context(
+    instance_id: int, req_client: Any, sub_path: str | None = None
+) -> EngineDrivenTransferContext:
+    """The asynchronous engine-driven context where the device supports it, else the
+    synchronous one."""
+    if _supports_async_primitives():
+        from lmcache.v1.multiprocess.transfer_context.async_engine_driven import (
+            AsyncEngineDrivenTransferContext,
+        )
+
+        logger.info("engine-driven stores run asynchronously")
+        return AsyncEngineDrivenTransferContext(instance_id, req_client, sub_path=sub_path)
+    return EngineDrivenTransferContext(instance_id, req_client, sub_path=sub_path)
 
 
 def _build_lmcache_driven_context(
