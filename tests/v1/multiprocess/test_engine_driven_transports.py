@@ -194,3 +194,23 @@ def test_async_store_against_a_real_server(
         client.close()
     # After close a store is refused at once, without touching the server.
     assert ctx.submit_store("r", object(), None, [SRC_IDS], object(), 0).result() is False
+
+
+@pytest.mark.parametrize("sub", ["shm", "inline"])
+def test_storing_a_stored_key_again(auto_server: ServerProcess, sub: str) -> None:
+    """Nothing left to write still ends in a commit the server takes (inline: empty data)."""
+    kv = make_kv(seed=2)
+    worker = KVCacheWorker(
+        kv,
+        model_name=f"again-{uuid.uuid4().hex[:8]}",
+        server_url=auto_server.url,
+        mode="engine_driven",
+        sub_path=sub,
+    )
+    try:
+        tokens = list(range(CHUNK_SIZE))
+        assert worker.store(tokens, [0, 1, 2, 3])
+        assert worker.store(tokens, [0, 1, 2, 3])
+        assert worker.lookup(tokens) == CHUNK_SIZE
+    finally:
+        worker.close()

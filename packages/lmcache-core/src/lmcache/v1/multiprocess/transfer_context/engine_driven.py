@@ -46,6 +46,7 @@ from lmcache.v1.multiprocess.transfer_context.inline_frames import (
     send_store_frames,
 )
 from lmcache.v1.multiprocess.transfer_context.transports import (
+    EMPTY_INLINE_DATA,
     SHM_DIR,
     EngineDrivenContextInline,
     EngineDrivenContextShm,
@@ -373,7 +374,9 @@ class EngineDrivenTransferContext(TransferContext):
         context = self.req_client.prepare_store(key, self.instance_id).context
         indices = [int(i) for i in context.get("chunk_indices", [])]
         if not indices:
-            return bool(self.req_client.commit_store(key, self.instance_id, b""))
+            # Every chunk is stored already; the inline sub-path still wants chunk data.
+            empty = EMPTY_INLINE_DATA if self.sub_path == SUB_PATH_INLINE else b""
+            return bool(self.req_client.commit_store(key, self.instance_id, empty))
         todo = [spans[i] for i in indices]
         selected = chunk_block_ids(ids, todo, self.chunk_size, self.layout.block_size)
         if self.sub_path == SUB_PATH_SHM:
