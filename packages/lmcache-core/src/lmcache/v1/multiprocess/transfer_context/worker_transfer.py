@@ -61,10 +61,15 @@ from lmcache.v1.platform import (
     synchronize_device,
 )
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
-from lmcache.v1.platform.transfer_mode import MPTransferMode, resolve_transfer_mode
+from lmcache.v1.platform.transfer_mode import (
+    ENV_MP_TRANSFER_MODE,
+    MPTransferMode,
+    resolve_transfer_mode,
+)
 
 __all__ = [
     "ENV_ENGINE_DRIVEN_SUB_PATH",
+    "ENV_MP_TRANSFER_MODE",
     "EngineDrivenContext",
     "EngineDrivenContextMetadata",
     "MPTransferMode",
