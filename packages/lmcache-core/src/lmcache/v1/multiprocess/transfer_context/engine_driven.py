@@ -5,15 +5,22 @@
 server's shared-memory pool (zero extra copies on the server); sub-path **inline** ships
 the chunk bytes in the messages (other hosts, no shared memory), each chunk its own ZMQ
 frame (see :mod:`.inline_frames`).  This replaces upstream's pickle sub-path.
+
+``register`` builds the transport (:class:`.base.EngineDrivenContext`) through
+``worker_transfer.create_engine_driven_context``, as upstream 0.5.6 does.  lmcache-core's
+own transports (:mod:`.transports`) are driven on the fast paths below; any other
+transport (a test double, say) goes through upstream's generic sequence: synchronize,
+``prepare_store``, ``gather_paged_kv_to_cpu``, synchronize, ``commit_store`` (and the
+mirror image for retrieve), with those names looked up in ``worker_transfer``.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -21,9 +28,13 @@ import torch
 
 from lmcache.v1.multiprocess.transfer_context import inline_frames
 from lmcache.v1.multiprocess.transfer_context.base import (
+    ChunkLayoutDesc,
+    EngineDrivenContext,
+    EngineDrivenContextMetadata,
     TransferContext,
     _done,
     _failed,
+    _single_group_block_ids,
     _tensor_list,
 )
 from lmcache.v1.multiprocess.transfer_context.inline_frames import (
@@ -33,6 +44,14 @@ from lmcache.v1.multiprocess.transfer_context.inline_frames import (
     pipelined_store,
     receive_retrieve_frames,
     send_store_frames,
+)
+from lmcache.v1.multiprocess.transfer_context.transports import (
+    EMPTY_INLINE_DATA,
+    SHM_DIR,
+    EngineDrivenContextInline,
+    EngineDrivenContextShm,
+    map_server_pool,
+    slot_tensors,
 )
 from lmcache.v1.multiprocess.wire.chunking import (
     ChunkSpan,
@@ -48,7 +67,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
 )
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode
 from lmcache.v1.platform.base.device_ops import DeviceOps
-from lmcache.v1.platform.kv_layout import dtype_from_name, dtype_name
+from lmcache.v1.platform.kv_layout import dtype_name
 from lmcache.v1.platform.ops_types import TransferDirection
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
@@ -57,7 +76,15 @@ logger = logging.getLogger(__name__)
 ENV_ENGINE_DRIVEN_SUB_PATH = "LMCACHE_MP_ENGINE_DRIVEN_SUB_PATH"
 SUB_PATH_SHM = "shm"
 SUB_PATH_INLINE = "inline"
-_SHM_DIR = "/dev/shm"
+_SHM_DIR = SHM_DIR
+
+__all__ = [
+    "ENV_ENGINE_DRIVEN_SUB_PATH",
+    "SUB_PATH_INLINE",
+    "SUB_PATH_SHM",
+    "EngineDrivenTransferContext",
+    "map_server_pool",
+]
 
 
 def _requested_sub_path(explicit: str | None) -> str:
@@ -70,20 +97,20 @@ def _requested_sub_path(explicit: str | None) -> str:
     return value
 
 
-def map_server_pool(path: str, size: int) -> torch.Tensor:
-    """The server's shared-memory pool as a byte tensor, its page tables filled at once.
+def _worker_transfer() -> ModuleType:
+    """``worker_transfer``, imported late: it imports this module."""
+    from lmcache.v1.multiprocess.transfer_context import worker_transfer
 
-    The server touched every page already, but each process faults the pages into its own
-    page tables on first access: without ``MAP_POPULATE`` those minor faults (one per 4 KiB)
-    landed inside every store into a fresh slot and cost more than the copy itself.
-    """
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    with open(path, "r+b") as file:
-        if os.fstat(file.fileno()).st_size < size:
-            raise OSError(f"{path} is smaller than the pool size {size} the server announced")
-        buffer = mmap.mmap(file.fileno(), size, flags=flags)
-    # The tensor keeps the mapping alive; it is unmapped when the last view is gone.
-    return torch.frombuffer(buffer, dtype=torch.uint8)
+    return worker_transfer
+
+
+def _pool_offer(response: Any) -> tuple[str, int]:
+    """The shared memory a registration reply offers (none unless it names one)."""
+    shm_name = getattr(response, "shm_name", "")
+    pool_size = getattr(response, "pool_size", 0)
+    if not isinstance(shm_name, str) or not isinstance(pool_size, int):
+        return "", 0
+    return shm_name, pool_size
 
 
 class EngineDrivenTransferContext(TransferContext):
@@ -102,6 +129,18 @@ class EngineDrivenTransferContext(TransferContext):
         # The framed inline operations, until a server answers that it lacks them.
         self._framed = True
         self._staging: StagingBuffers | None = None
+        self._engine_driven_context: EngineDrivenContext | None = None
+        self._metadata: EngineDrivenContextMetadata | None = None
+        self._mq_timeout = 0.0
+        self._layout_hints: Any = None
+        self._engine_type = EngineType.VLLM
+
+    @property
+    def engine_driven_context(self) -> EngineDrivenContext:
+        """The transport ``register`` set up."""
+        if self._engine_driven_context is None:
+            raise RuntimeError("the engine-driven context is not registered; call register()")
+        return self._engine_driven_context
 
     def register(
         self,
@@ -116,9 +155,21 @@ class EngineDrivenTransferContext(TransferContext):
     ) -> None:
         from lmcache.v1.platform import resolve_device_ops
 
+        if len(engine_group_infos) > 1:
+            raise ValueError("engine-driven transfer handles one KV-cache group")
         kv = _tensor_list(kv_caches)
         layout = self._setup(kv, blocks_in_chunk)
         self._ops = resolve_device_ops(kv[0].device.type)
+        self._mq_timeout = mq_timeout
+        self._layout_hints = layout_hints
+        self._engine_type = engine_type
+        self._metadata = EngineDrivenContextMetadata(
+            layout_desc=ChunkLayoutDesc(
+                shapes=[layout.transfer_shape(self.chunk_size)], dtypes=[layout.dtype]
+            ),
+            block_size=layout.block_size,
+            use_mla=layout.use_mla,
+        )
         self._payload = RegisterEngineDrivenContextPayload(
             instance_id=self.instance_id,
             model_name=model_name,
@@ -134,12 +185,31 @@ class EngineDrivenTransferContext(TransferContext):
     def register_again(self) -> None:
         # A new server has a new shared-memory pool: the sub-path is chosen (and the pool
         # mapped) afresh.
-        if self._payload is None:
+        if self._payload is None or self._metadata is None:
             raise RuntimeError("register_again before register")
-        self._pool = None
+        self._close_transport()
         response = self.req_client.register_kv_cache_engine_driven_context(self._payload)
         self._registered = True
-        self.sub_path = self._choose_sub_path(response.shm_name, response.pool_size)
+        shm_name, pool_size = _pool_offer(response)
+        transport = _worker_transfer().create_engine_driven_context(
+            self._metadata,
+            self.req_client,
+            self._mq_timeout,
+            shm_name=shm_name,
+            pool_size=pool_size,
+            use_pickle=self._requested == SUB_PATH_INLINE,
+            require_shm=self._requested == SUB_PATH_SHM,
+        )
+        self._engine_driven_context = transport
+        if isinstance(transport, EngineDrivenContextShm):
+            self.sub_path = SUB_PATH_SHM
+            self._pool = transport.pool
+        elif isinstance(transport, EngineDrivenContextInline):
+            self.sub_path = SUB_PATH_INLINE
+        else:
+            self.sub_path = ""
+            logger.info("engine-driven transport: %s", type(transport).__name__)
+            return
         if self.sub_path == SUB_PATH_INLINE:
             if getattr(self.req_client, "server_is_upstream", False):
                 self.unregister()
@@ -156,50 +226,37 @@ class EngineDrivenTransferContext(TransferContext):
             "engine-driven sub-path: %s", "SHM" if self.sub_path == SUB_PATH_SHM else "inline"
         )
 
-    def _choose_sub_path(self, shm_name: str, pool_size: int) -> str:
-        if self._requested == SUB_PATH_INLINE:
-            return SUB_PATH_INLINE
-        if not shm_name or pool_size <= 0:
-            if self._requested == SUB_PATH_SHM:
-                raise ValueError(
-                    "engine-driven sub-path 'shm' was forced, but the server offers no shared "
-                    "memory (it runs with --shm-name '')"
-                )
-            return SUB_PATH_INLINE
-        try:
-            path = os.path.join(_SHM_DIR, shm_name.lstrip("/"))
-            self._pool = map_server_pool(path, pool_size)
-        except (OSError, RuntimeError) as exc:
-            if self._requested == SUB_PATH_SHM:
-                raise ValueError(
-                    f"cannot map the server's shared memory {shm_name!r}: {exc}"
-                ) from exc
-            logger.warning(
-                "cannot map the server's shared memory %r (%s); using the inline sub-path",
-                shm_name,
-                exc,
-            )
-            return SUB_PATH_INLINE
-        return SUB_PATH_SHM
-
     def unregister(self) -> Future[Any] | None:
         if not self._registered:
             return None
         self._registered = False
-        self._pool = None
+        self._close_transport()
         self.req_client.unregister_kv_cache_engine_driven_context(self.instance_id)
         return _done(None)
 
+    def close(self) -> None:
+        super().close()
+        # A transport set up without a registration (tests do) is released as well.
+        self._close_transport()
+
+    def _close_transport(self) -> None:
+        transport, self._engine_driven_context = self._engine_driven_context, None
+        self._pool = None
+        if transport is not None:
+            try:
+                transport.close()
+            except Exception:
+                logger.warning("closing the engine-driven transport failed", exc_info=True)
+
+    def _native_transport(self) -> bool:
+        """Whether the transport is lmcache-core's own (driven on the fast paths here)."""
+        return isinstance(
+            self._engine_driven_context, (EngineDrivenContextShm, EngineDrivenContextInline)
+        )
+
     def _slot_tensors(self, slots: list[dict[str, Any]]) -> list[torch.Tensor]:
         assert self._pool is not None
-        tensors = []
-        for slot in slots:
-            offset, length = int(slot["offset"]), int(slot["length"])
-            if offset < 0 or offset + length > self._pool.numel():
-                raise ValueError("the server sent a slot outside its shared-memory pool")
-            raw = self._pool[offset : offset + length]
-            tensors.append(raw.view(dtype_from_name(str(slot["dtype"]))).view(slot["shape"]))
-        return tensors
+        return slot_tensors(self._pool, slots)
 
     def _transfer(
         self,
@@ -240,9 +297,67 @@ class EngineDrivenTransferContext(TransferContext):
         blocks_in_chunk: int,
     ) -> Future[bool]:
         try:
-            return _done(self._store(key, block_ids))
+            if self._native_transport():
+                return _done(self._store(key, block_ids))
+            return _done(self._store_generic(key, kv_caches, block_ids, blocks_in_chunk))
         except Exception as exc:
             return _failed(exc)
+
+    def _kv_for(self, kv_caches: Any) -> Mapping[str, torch.Tensor] | Sequence[torch.Tensor]:
+        kv: Mapping[str, torch.Tensor] | Sequence[torch.Tensor] = (
+            kv_caches if kv_caches else self._kv
+        )
+        if not kv:
+            raise RuntimeError("the KV cache is not registered")
+        return kv
+
+    def _generic_ids(
+        self, key: IPCCacheServerKey, block_ids: list[list[int]], blocks_in_chunk: int
+    ) -> tuple[list[int], int]:
+        """The block ids of the key's chunks, and the blocks per chunk.
+
+        Upstream's callers pass the range's own block ids; lmcache-core's pass the whole
+        block table (and ``blocks_in_chunk=0``): with a registered layout and a real key,
+        both become the range's ids.
+        """
+        ids = _single_group_block_ids(block_ids)
+        if self.layout is None:
+            return ids, blocks_in_chunk
+        if isinstance(key, IPCCacheServerKey):
+            ids = range_block_ids(ids, key.start, key.end, self.layout.block_size)
+        return ids, blocks_in_chunk or self.chunk_size // self.layout.block_size
+
+    def _store_generic(
+        self,
+        key: IPCCacheServerKey,
+        kv_caches: Any,
+        block_ids: list[list[int]],
+        blocks_in_chunk: int,
+    ) -> bool:
+        """Upstream's synchronous sequence around any :class:`.base.EngineDrivenContext`."""
+        transport = self.engine_driven_context
+        wt = _worker_transfer()
+        kv = self._kv_for(kv_caches)
+        device = _tensor_list(kv)[0].device
+        # No engine event on this path: the forward pass must be finished before the gather.
+        wt.synchronize_device(device)
+        prepared = transport.prepare_store(key, self.instance_id)
+        buffers, indices = prepared if prepared is not None else (None, None)
+        if indices is not None and not indices:
+            return True
+        ids, blocks_in_chunk = self._generic_ids(key, block_ids, blocks_in_chunk)
+        chunks = wt.gather_paged_kv_to_cpu(
+            kv,
+            ids,
+            blocks_in_chunk,
+            layout_hints=self._layout_hints,
+            out=buffers,
+            chunk_indices=indices,
+            engine_type=self._engine_type,
+        )
+        # The gather may still be copying, whatever the buffers are: commit_store reads them.
+        wt.synchronize_device(device)
+        return bool(transport.commit_store(key, self.instance_id, chunks))
 
     def _store(self, key: IPCCacheServerKey, block_ids: list[list[int]]) -> bool:
         assert self.layout is not None
@@ -259,7 +374,9 @@ class EngineDrivenTransferContext(TransferContext):
         context = self.req_client.prepare_store(key, self.instance_id).context
         indices = [int(i) for i in context.get("chunk_indices", [])]
         if not indices:
-            return bool(self.req_client.commit_store(key, self.instance_id, b""))
+            # Every chunk is stored already; the inline sub-path still wants chunk data.
+            empty = EMPTY_INLINE_DATA if self.sub_path == SUB_PATH_INLINE else b""
+            return bool(self.req_client.commit_store(key, self.instance_id, empty))
         todo = [spans[i] for i in indices]
         selected = chunk_block_ids(ids, todo, self.chunk_size, self.layout.block_size)
         if self.sub_path == SUB_PATH_SHM:
@@ -339,9 +456,55 @@ class EngineDrivenTransferContext(TransferContext):
         skip_first_n_tokens: int = 0,
     ) -> Future[bool]:
         try:
-            return _done(self._retrieve(key, block_ids, skip_first_n_tokens))
+            if self._native_transport():
+                return _done(self._retrieve(key, block_ids, skip_first_n_tokens))
+            return _done(
+                self._retrieve_generic(
+                    key, kv_caches, block_ids, event, blocks_in_chunk, skip_first_n_tokens
+                )
+            )
         except Exception as exc:
             return _failed(exc)
+
+    def _retrieve_generic(
+        self,
+        key: IPCCacheServerKey,
+        kv_caches: Any,
+        block_ids: list[list[int]],
+        event: Any,
+        blocks_in_chunk: int,
+        skip: int,
+    ) -> bool:
+        transport = self.engine_driven_context
+        wt = _worker_transfer()
+        kv = self._kv_for(kv_caches)
+        device = _tensor_list(kv)[0].device
+        chunks = transport.prepare_retrieve(key, self.instance_id)
+        try:
+            if chunks is None:
+                return False
+            ids, blocks_in_chunk = self._generic_ids(key, block_ids, blocks_in_chunk)
+            if event is not None:
+                event.wait()  # the engine's KV pages are free to be written
+            try:
+                wt.scatter_cpu_to_paged_kv(
+                    kv,
+                    ids,
+                    chunks,
+                    blocks_in_chunk,
+                    skip_first_n_tokens=skip,
+                    layout_hints=self._layout_hints,
+                    engine_type=self._engine_type,
+                )
+            except (RuntimeError, ValueError, TypeError, IndexError):
+                logger.exception("scattering retrieved chunks into the KV cache failed")
+                return False
+            finally:
+                # The server may reuse the chunks' memory once commit_retrieve is sent.
+                wt.synchronize_device(device)
+            return True
+        finally:
+            transport.commit_retrieve(key, self.instance_id)
 
     def _retrieve(self, key: IPCCacheServerKey, block_ids: list[list[int]], skip: int) -> bool:
         assert self.layout is not None

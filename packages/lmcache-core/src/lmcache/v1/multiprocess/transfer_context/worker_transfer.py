@@ -9,22 +9,37 @@
 ``LMCACHE_MP_TRANSFER_MODE``, else AUTO, which dispatches strictly by device type (``cuda``
 -> LMCache-driven, everything else -> engine-driven).  This module is the path the seeds
 name: it keeps exporting every name it always had.
+
+Upstream 0.5.6's names live here too: the module-level ``gather_paged_kv_to_cpu``,
+``scatter_cpu_to_paged_kv``, ``synchronize_device``, ``create_engine_driven_context`` and
+``torch_dev`` the engine-driven context looks up at call time (so they can be replaced),
+and ``_build_engine_driven_context``, which picks
+:class:`~.async_engine_driven.AsyncEngineDrivenTransferContext` where the device has
+streams, events and pinned memory.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from lmcache.v1.multiprocess.transfer_context.base import (
+    EngineDrivenContext,
+    EngineDrivenContextMetadata,
     MessagingFuture,
     TransferContext,
     _done,
     _failed,
+    _single_group_block_ids,
     _tensor_list,
+    compute_kv_layout,
+    create_engine_driven_context,
+    gather_paged_kv_to_cpu,
+    scatter_cpu_to_paged_kv,
 )
 from lmcache.v1.multiprocess.transfer_context.engine_driven import (
     _SHM_DIR,
@@ -39,12 +54,33 @@ from lmcache.v1.multiprocess.transfer_context.lmcache_driven import (
     declared_layout_hints,
     require_event_ipc,
 )
-from lmcache.v1.platform import get_device_spec, serving_device_type
+from lmcache.v1.platform import (
+    get_device_spec,
+    get_torch_device,
+    serving_device_type,
+    synchronize_device,
+)
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
-from lmcache.v1.platform.transfer_mode import MPTransferMode, resolve_transfer_mode
+from lmcache.v1.platform.transfer_mode import (
+    ENV_MP_TRANSFER_MODE,
+    MPTransferMode,
+    resolve_transfer_mode,
+)
 
 __all__ = [
     "ENV_ENGINE_DRIVEN_SUB_PATH",
+    "ENV_MP_TRANSFER_MODE",
+    "EngineDrivenContext",
+    "EngineDrivenContextMetadata",
+    "MPTransferMode",
+    "_build_engine_driven_context",
+    "_single_group_block_ids",
+    "_supports_async_primitives",
+    "compute_kv_layout",
+    "create_engine_driven_context",
+    "gather_paged_kv_to_cpu",
+    "scatter_cpu_to_paged_kv",
+    "synchronize_device",
     "SUB_PATH_INLINE",
     "SUB_PATH_SHM",
     "EngineDrivenTransferContext",
@@ -62,6 +98,62 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    # ``torch_dev`` (upstream's name for the selected backend's torch module) resolves on
+    # first use: the backend registry is not built at import time.
+    if name == "torch_dev":
+        return get_torch_device()[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _torch_dev() -> Any:
+    """``torch_dev`` as seen through this module (a replaced one included)."""
+    return sys.modules[__name__].torch_dev
+
+
+def _supports_async_primitives() -> bool:
+    """Whether the selected device offers what the asynchronous store needs.
+
+    A stream, events with ``record`` / ``synchronize`` / ``wait``, and pinned host memory.
+    The host itself (``torch.cpu``) has no asynchronous copies to overlap.
+    """
+    dev = _torch_dev()
+    if not hasattr(dev, "Stream") or not hasattr(dev, "Event"):
+        return False
+    if getattr(dev, "__name__", "") == "torch.cpu":
+        return False
+    is_available = getattr(dev, "is_available", None)
+    if callable(is_available) and not is_available():
+        return False
+    try:
+        dev.Stream()
+        event = dev.Event()
+    except Exception:
+        return False
+    if not all(callable(getattr(event, name, None)) for name in ("record", "synchronize", "wait")):
+        return False
+    try:
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def _build_engine_driven_context(
+    instance_id: int, req_client: Any, sub_path: str | None = None
+) -> EngineDrivenTransferContext:
+    """The asynchronous engine-driven context where the device supports it, else the
+    synchronous one."""
+    if _supports_async_primitives():
+        from lmcache.v1.multiprocess.transfer_context.async_engine_driven import (
+            AsyncEngineDrivenTransferContext,
+        )
+
+        logger.info("engine-driven stores run asynchronously")
+        return AsyncEngineDrivenTransferContext(instance_id, req_client, sub_path=sub_path)
+    return EngineDrivenTransferContext(instance_id, req_client, sub_path=sub_path)
 
 
 def _build_lmcache_driven_context(
