@@ -1,7 +1,7 @@
 """Upstream LMCache 0.5.6's ``AsyncEngineDrivenTransferContext``: stores off the forward thread.
 
 ``submit_store`` only checks its arguments and queues the work, returning a pending
-:class:`~.base.MessagingFuture`.  A background thread then runs the store's three steps:
+:class:`~.base.QueryableFuture`.  A background thread then runs the store's three steps:
 
 1. ``prepare_store`` on the transport (a server round trip);
 2. the gather, on a copy stream that first waits for the engine's event, into the
@@ -28,7 +28,7 @@ import torch
 
 from lmcache.v1.multiprocess.transfer_context.base import (
     EngineDrivenContext,
-    MessagingFuture,
+    QueryableFuture,
     _failed,
     gather_paged_kv_to_cpu,
 )
@@ -128,8 +128,8 @@ class AsyncEngineDrivenTransferContext(EngineDrivenTransferContext):
         block_ids: list[list[int]],
         event: Any,
         blocks_in_chunk: int,
-    ) -> MessagingFuture[bool]:
-        completion: MessagingFuture[bool] = MessagingFuture()
+    ) -> QueryableFuture[bool]:
+        completion: QueryableFuture[bool] = QueryableFuture()
         transport = self._engine_driven_context
         launched = threading.Event()
         with self._inflight_lock:
@@ -172,7 +172,7 @@ class AsyncEngineDrivenTransferContext(EngineDrivenTransferContext):
         event: Any,
         blocks_in_chunk: int,
         launched: threading.Event,
-        completion: MessagingFuture[bool],
+        completion: QueryableFuture[bool],
     ) -> None:
         ok = False
         staging: list[torch.Tensor] = []

@@ -29,22 +29,26 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
-class MessagingFuture(Future[_T]):
-    """A ``concurrent.futures.Future`` with upstream's non-blocking ``query()``."""
+class QueryableFuture(Future[_T]):
+    """A ``concurrent.futures.Future`` with upstream's non-blocking ``query()``: what the
+    transfer contexts return, so both our worker (``result``, ``done``) and code written
+    for upstream's ``MessagingFuture`` (``query``) can wait on it.  Not
+    :class:`lmcache.v1.multiprocess.futures.MessagingFuture`, which is the wire client's
+    future."""
 
     def query(self) -> bool:
         """Whether the result (or exception) is set; never waits."""
         return self.done()
 
 
-def _done(value: Any) -> MessagingFuture[Any]:
-    future: MessagingFuture[Any] = MessagingFuture()
+def _done(value: Any) -> QueryableFuture[Any]:
+    future: QueryableFuture[Any] = QueryableFuture()
     future.set_result(value)
     return future
 
 
-def _failed(exc: BaseException) -> MessagingFuture[Any]:
-    future: MessagingFuture[Any] = MessagingFuture()
+def _failed(exc: BaseException) -> QueryableFuture[Any]:
+    future: QueryableFuture[Any] = QueryableFuture()
     future.set_exception(exc)
     return future
 

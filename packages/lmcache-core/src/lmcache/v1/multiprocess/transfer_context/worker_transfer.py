@@ -30,7 +30,7 @@ import torch
 from lmcache.v1.multiprocess.transfer_context.base import (
     EngineDrivenContext,
     EngineDrivenContextMetadata,
-    MessagingFuture,
+    QueryableFuture,
     TransferContext,
     _done,
     _failed,
@@ -85,7 +85,7 @@ __all__ = [
     "SUB_PATH_SHM",
     "EngineDrivenTransferContext",
     "LMCacheDrivenTransferContext",
-    "MessagingFuture",
+    "QueryableFuture",
     "TransferContext",
     "_SHM_DIR",
     "_done",
