@@ -13,13 +13,13 @@ from lmcache.v1.multiprocess.transfer_context.base import (
     EngineDrivenContext,
     EngineDrivenContextMetadata,
     compute_kv_layout,
-    create_engine_driven_context,
     gather_paged_kv_to_cpu,
     scatter_cpu_to_paged_kv,
 )
 from lmcache.v1.multiprocess.transfer_context.transports import (
     EngineDrivenContextInline,
     EngineDrivenContextShm,
+    create_engine_driven_context,
 )
 from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
     EngineDrivenTransferContext,

@@ -1,10 +1,11 @@
 """The worker-side transfer context's interface and helpers shared by both modes.
 
 Also upstream LMCache 0.5.6's ``transfer_context.base`` API for engine-driven transfer:
-the two-phase transport interface :class:`EngineDrivenContext` (and its factory
-:func:`create_engine_driven_context`), :func:`compute_kv_layout`, and the paged-KV <-> CPU
-chunk copies :func:`gather_paged_kv_to_cpu` / :func:`scatter_cpu_to_paged_kv`, which run
-the ``multi_layer_block_kv_transfer`` op of the backend serving the KV tensors' device.
+the two-phase transport interface :class:`EngineDrivenContext` (its factory,
+:func:`.transports.create_engine_driven_context`, lives beside the transports),
+:func:`compute_kv_layout`, and the paged-KV <-> CPU chunk copies
+:func:`gather_paged_kv_to_cpu` / :func:`scatter_cpu_to_paged_kv`, which run the
+``multi_layer_block_kv_transfer`` op of the backend serving the KV tensors' device.
 """
 
 from __future__ import annotations
@@ -209,52 +210,6 @@ class EngineDrivenContext(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
-
-
-def create_engine_driven_context(
-    metadata: EngineDrivenContextMetadata,
-    req_client: Any,
-    mq_timeout: float,
-    shm_name: str,
-    pool_size: int,
-    *,
-    use_pickle: bool = False,
-    require_shm: bool = False,
-) -> EngineDrivenContext:
-    """The transport for a server offering shared memory ``shm_name`` of ``pool_size`` bytes.
-
-    The SHM transport when the server offers a pool this process can map; otherwise the
-    inline one (chunk bytes inside the messages), which stands in for upstream's pickle
-    transport: ``use_pickle`` forces it.  ``require_shm`` turns every fallback to inline
-    into a ``ValueError``.
-    """
-    from lmcache.v1.multiprocess.transfer_context.transports import (
-        EngineDrivenContextInline,
-        EngineDrivenContextShm,
-    )
-
-    if require_shm and use_pickle:
-        raise ValueError("use_pickle and require_shm exclude each other")
-    if use_pickle:
-        return EngineDrivenContextInline(metadata, req_client, mq_timeout)
-    if not shm_name or pool_size <= 0:
-        if require_shm:
-            raise ValueError(
-                "engine-driven sub-path 'shm' was forced, but the server offers no shared "
-                "memory (it runs with --shm-name '')"
-            )
-        return EngineDrivenContextInline(metadata, req_client, mq_timeout)
-    try:
-        return EngineDrivenContextShm(metadata, req_client, mq_timeout, shm_name, pool_size)
-    except (OSError, RuntimeError) as exc:
-        if require_shm:
-            raise ValueError(f"cannot map the server's shared memory {shm_name!r}: {exc}") from exc
-        logger.warning(
-            "cannot map the server's shared memory %r (%s); using the inline sub-path",
-            shm_name,
-            exc,
-        )
-        return EngineDrivenContextInline(metadata, req_client, mq_timeout)
 
 
 # -- paged KV <-> CPU chunks ----------------------------------------------------------------

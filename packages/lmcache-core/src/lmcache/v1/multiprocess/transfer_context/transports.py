@@ -14,6 +14,7 @@ here serve callers of the generic interface, such as the asynchronous store of
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
@@ -31,12 +32,15 @@ from lmcache.v1.platform.kv_layout import dtype_from_name
 
 __all__ = [
     "EMPTY_INLINE_DATA",
+    "create_engine_driven_context",
     "SHM_DIR",
     "EngineDrivenContextInline",
     "EngineDrivenContextShm",
     "map_server_pool",
     "slot_tensors",
 ]
+
+logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 
@@ -223,3 +227,44 @@ class EngineDrivenContextInline(EngineDrivenContext):
 
     def close(self) -> None:
         return None
+
+
+def create_engine_driven_context(
+    metadata: EngineDrivenContextMetadata,
+    req_client: Any,
+    mq_timeout: float,
+    shm_name: str,
+    pool_size: int,
+    *,
+    use_pickle: bool = False,
+    require_shm: bool = False,
+) -> EngineDrivenContext:
+    """The transport for a server offering shared memory ``shm_name`` of ``pool_size`` bytes.
+
+    The SHM transport when the server offers a pool this process can map; otherwise the
+    inline one (chunk bytes inside the messages), which stands in for upstream's pickle
+    transport: ``use_pickle`` forces it.  ``require_shm`` turns every fallback to inline
+    into a ``ValueError``.
+    """
+    if require_shm and use_pickle:
+        raise ValueError("use_pickle and require_shm exclude each other")
+    if use_pickle:
+        return EngineDrivenContextInline(metadata, req_client, mq_timeout)
+    if not shm_name or pool_size <= 0:
+        if require_shm:
+            raise ValueError(
+                "engine-driven sub-path 'shm' was forced, but the server offers no shared "
+                "memory (it runs with --shm-name '')"
+            )
+        return EngineDrivenContextInline(metadata, req_client, mq_timeout)
+    try:
+        return EngineDrivenContextShm(metadata, req_client, mq_timeout, shm_name, pool_size)
+    except (OSError, RuntimeError) as exc:
+        if require_shm:
+            raise ValueError(f"cannot map the server's shared memory {shm_name!r}: {exc}") from exc
+        logger.warning(
+            "cannot map the server's shared memory %r (%s); using the inline sub-path",
+            shm_name,
+            exc,
+        )
+        return EngineDrivenContextInline(metadata, req_client, mq_timeout)

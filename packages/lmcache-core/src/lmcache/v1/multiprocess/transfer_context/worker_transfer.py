@@ -37,7 +37,6 @@ from lmcache.v1.multiprocess.transfer_context.base import (
     _single_group_block_ids,
     _tensor_list,
     compute_kv_layout,
-    create_engine_driven_context,
     gather_paged_kv_to_cpu,
     scatter_cpu_to_paged_kv,
 )
@@ -54,6 +53,7 @@ from lmcache.v1.multiprocess.transfer_context.lmcache_driven import (
     declared_layout_hints,
     require_event_ipc,
 )
+from lmcache.v1.multiprocess.transfer_context.transports import create_engine_driven_context
 from lmcache.v1.platform import (
     get_device_spec,
     get_torch_device,
