@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lmcache.v1.multiprocess.server.admin import AdminOps
 from lmcache.v1.multiprocess.server.engine_driven import EngineDrivenOps
@@ -28,6 +29,9 @@ from lmcache.v1.multiprocess.server.state import CacheServerSettings
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
 from lmcache.v1.platform.cache_context import DeviceSpecLookup
 from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+if TYPE_CHECKING:
+    from lmcache.v1.multiprocess.config import MPServerConfig
 
 
 class MPCacheServer(LMCacheDrivenOps, EngineDrivenOps, AdminOps, WorkerRegistry, LookupOps):
@@ -40,11 +44,14 @@ class MPCacheServer(LMCacheDrivenOps, EngineDrivenOps, AdminOps, WorkerRegistry,
         device_specs: DeviceSpecLookup | None = None,
         unlink_orphaned_segment: Callable[[str], bool] | None = None,
         enable_metrics: bool = True,
+        server_config: MPServerConfig | None = None,
     ) -> None:
         """``unlink_orphaned_segment`` is called for each segment of a reaped worker; it
         must remove only segments whose creator is provably gone (any peer can register
-        any segment, so the registration proves nothing)."""
+        any segment, so the registration proves nothing).  ``server_config`` is the
+        configuration the server was built from, kept to be reported (``GET /config``)."""
         super().__init__(settings, storage, device_specs, unlink_orphaned_segment)
+        self.server_config = server_config
         if enable_metrics:
             self.metrics = ServerMetrics(self.metrics_state)
 

@@ -85,6 +85,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             get_device_spec,
             unlink_orphaned_segment=unlink_orphaned_segment,
             enable_metrics=not config.disable_metrics,
+            server_config=config,
         )
     except BaseException:
         _release_partial_storage(storage, backends)

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,9 @@ from lmcache.v1.platform.cache_context import DeviceSpecLookup
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+if TYPE_CHECKING:
+    from lmcache.v1.multiprocess.config import MPServerConfig
 
 # The storage key's dtype field is fixed: chunk objects carry their real dtype and shape,
 # which retrieve checks against the worker's layout (lookups know no dtype).
@@ -146,6 +149,9 @@ class ServerCore:
             storage.local_cpu_backend.add_residency_listener(self.kv_events.on_l1_change)
         # Made by MPCacheServer once every family is in place (they read its state).
         self.metrics: ServerMetrics | None = None
+        # The flags the server was built from (MPCacheServer's ``server_config``), reported
+        # by ``GET /config``; None for a server built in code without them.
+        self.server_config: MPServerConfig | None = None
 
     # -- helpers ------------------------------------------------------------------------------
 
