@@ -260,3 +260,17 @@ def test_instance_id_is_reported(server_factory: Callable[..., ServerProcess]) -
     generated = unnamed.http.get("/status").json()["instance_id"]
     assert len(generated) == 32 and int(generated, 16) >= 0  # a uuid4 hex, fixed per run
     assert f"LMCache server {generated} listening on" in unnamed.server.log()
+
+
+def test_config_routes_report_the_running_server(disk_server: tuple[HttpServer, Path]) -> None:
+    hs, disk = disk_server
+    config = hs.http.get("/config")
+    assert config.status_code == 200
+    assert config.text.startswith("{\n  ")  # indented for people to read
+    document = config.json()
+    assert document["mp"]["l2_disk_path"] == str(disk)
+    assert document["mp"]["supported_transfer_mode"] == "engine_driven"
+    assert document["server"]["chunk_size"] == CHUNK_SIZE
+    (adapter,) = hs.http.get("/config/adapters").json()["adapters"]
+    assert adapter["index"] == 0 and adapter["primary"] and not adapter["reconfigurable"]
+    assert adapter["type_name"] == "disk"

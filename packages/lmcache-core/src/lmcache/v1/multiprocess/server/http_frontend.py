@@ -1,7 +1,9 @@
 """The HTTP frontend of ``lmcache server`` (FastAPI on uvicorn, on its own thread).
 
 Routes (upstream's names): ``GET /`` (route list), ``GET /healthcheck`` (200 healthy, 503
-with the problems otherwise), ``GET /status`` (JSON), ``GET /metrics`` (Prometheus text),
+with the problems otherwise), ``GET /status`` (JSON), ``GET /config`` (the server's
+configuration, secrets redacted, indented JSON), ``GET /config/adapters`` (its L2 tiers),
+``GET /metrics`` (Prometheus text),
 ``POST /cache/clear`` (only with ``--enable-http-cache-clear``; with an admin token
 configured it needs ``Authorization: Bearer <token>``).  Every error is a JSON object
 ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
@@ -13,6 +15,7 @@ the same registry with ``prometheus_client``'s own HTTP server.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -25,13 +28,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from lmcache.v1.multiprocess.server.config_report import list_l2_adapters, server_configs
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.wire.security import TokenCheck, http_reach, warn_if_exposed
 
 logger = logging.getLogger(__name__)
 
-ROUTES = ("/", "/healthcheck", "/status", "/metrics", "/cache/clear")
+ROUTES = ("/", "/healthcheck", "/status", "/config", "/config/adapters", "/metrics", "/cache/clear")
 _STOP_TIMEOUT_S = 5.0
 
 
@@ -133,6 +137,17 @@ def build_app(
     @app.get("/status")
     def status() -> dict[str, Any]:
         return engine.status()
+
+    @app.get("/config")
+    def config() -> Any:
+        return Response(
+            json.dumps(server_configs(engine), ensure_ascii=False, indent=2),
+            media_type="application/json",
+        )
+
+    @app.get("/config/adapters")
+    def config_adapters() -> dict[str, Any]:
+        return {"adapters": list_l2_adapters(engine.storage, engine.server_config)}
 
     @app.get("/metrics")
     def metrics() -> Any:
