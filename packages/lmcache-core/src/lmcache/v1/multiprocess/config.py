@@ -64,6 +64,11 @@ from lmcache.v1.multiprocess.p2p_config import (
     add_p2p_args,
     parse_args_to_p2p_config,
 )
+from lmcache.v1.multiprocess.runtime_plugin_config import (
+    RuntimePluginConfig,
+    add_runtime_plugin_args,
+    parse_args_to_runtime_plugin_config,
+)
 from lmcache.v1.multiprocess.server_flags import (
     AUTO_SHM,
     ENGINE_TYPES,
@@ -99,6 +104,9 @@ __all__ = [
     "MPServerConfig",
     "MPTransferMode",
     "P2PConfig",
+    "RuntimePluginConfig",
+    "add_runtime_plugin_args",
+    "parse_args_to_runtime_plugin_config",
     "add_admin_args",
     "add_coordinator_args",
     "add_http_frontend_args",
@@ -171,6 +179,10 @@ class MPServerConfig:
     isolated_ipc: bool = False
     server_modules: list[ExtServerModuleSpec] = dataclasses.field(default_factory=list)
     p2p_config: P2PConfig = dataclasses.field(default_factory=P2PConfig)
+    # Started beside the server (:mod:`.runtime_plugin_config`).
+    runtime_plugin_config: RuntimePluginConfig = dataclasses.field(
+        default_factory=RuntimePluginConfig
+    )
 
     def validate(self) -> MPServerConfig:
         """The flag validators, for configs built in code; raises ``ValueError``."""
@@ -331,6 +343,7 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         server_modules=parse_server_module_specs(args.server_module),
         # the --p2p-* flags belong to another group; a parser without them gets defaults
         p2p_config=parse_args_to_p2p_config(args),
+        runtime_plugin_config=parse_args_to_runtime_plugin_config(args),
     )
 
 

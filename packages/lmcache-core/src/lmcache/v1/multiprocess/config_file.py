@@ -106,6 +106,12 @@ def _convert_config_value(action: argparse.Action, value: Any, source: str) -> A
                 for i in items]  # fmt: skip
     if value is None:
         return None
+    if action.nargs in ("*", "+"):
+        items = value if isinstance(value, list) else [value]
+        return [_convert_scalar(action, i, where) for i in items]
+    if isinstance(value, dict) and action.type is not None:
+        # A JSON-object flag (e.g. --runtime-plugin-config) written as a mapping.
+        return _convert_scalar(action, json.dumps(value), where)
     return _convert_scalar(action, value, where)
 
 

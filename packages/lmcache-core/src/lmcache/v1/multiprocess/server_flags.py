@@ -16,6 +16,7 @@ from lmcache.v1.multiprocess.flag_types import (
     upper_case,
     usable_directory,
 )
+from lmcache.v1.multiprocess.runtime_plugin_config import add_runtime_plugin_args
 from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
@@ -151,6 +152,7 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         ),
     )
     add_upstream_server_args(parser)
+    add_runtime_plugin_args(parser)
     add_admin_args(parser)
     add_http_frontend_args(parser)
     add_observability_args(parser)

@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 _PLUGIN_SUFFIXES = ("*.py", "*.sh")
 _FALLBACK_INTERPRETERS = {".py": ("python", "python3"), ".sh": ("bash",)}
+# How long stopped plugins get, together, to exit on SIGTERM before they are killed.
+STOP_GRACE_S = 5.0
 
 
 class PluginLauncherConfig(Protocol):
@@ -180,12 +183,25 @@ class RuntimePluginLauncher:
         except Exception as exc:  # a logging thread must never raise
             logger.error("Error reading the output of runtime plugin %s: %s", plugin_name, exc)
 
-    def stop_plugins(self) -> None:
-        """Terminate the plugins still running (safe to call more than once)."""
+    def stop_plugins(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Terminate the plugins still running, give them ``grace_s`` seconds together to
+        exit, and kill the rest (safe to call more than once)."""
         # No logging: at interpreter exit (atexit) the log handlers may be closed already.
+        stopping: list[subprocess.Popen[str]] = []
         for proc in self.plugin_processes:
             try:
                 if proc.poll() is None:
                     proc.terminate()
+                    stopping.append(proc)
+            except Exception:
+                pass
+        deadline = time.monotonic() + grace_s
+        for proc in stopping:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                # A plugin that ignores SIGTERM must not outlive its host.
+                proc.kill()
+                proc.wait()
             except Exception:
                 pass

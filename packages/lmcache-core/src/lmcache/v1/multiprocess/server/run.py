@@ -18,6 +18,8 @@ import zmq
 
 from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.coordinator_config import CoordinatorConfig
+from lmcache.v1.multiprocess.mp_runtime_plugin_launcher import MPRuntimePluginLauncher
+from lmcache.v1.multiprocess.server.config_report import redact_secrets
 from lmcache.v1.multiprocess.server.startup import build_cache_server
 from lmcache.v1.multiprocess.server.transport import MPServer
 from lmcache.v1.multiprocess.server.unsupported import check_supported
@@ -58,12 +60,16 @@ def run_server(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     logger.info("LMCache MP server instance id %s", config.instance_id)
     frontends: list[Any] = []
+    plugins: MPRuntimePluginLauncher | None = None
     try:
         frontends = start_frontends(config, server)
+        plugins = start_runtime_plugins(config)
         if ready is not None:
             ready(server)
         server.serve_forever()
     finally:
+        if plugins is not None:
+            plugins.stop_plugins()
         for frontend in frontends:
             frontend.stop()
         server.close()
@@ -88,6 +94,23 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def start_runtime_plugins(config: MPServerConfig) -> MPRuntimePluginLauncher | None:
+    """Start ``--runtime-plugin-locations`` (None when there are none): each plugin gets
+    the server's configuration, secrets redacted, as JSON under ``mp`` (upstream's key)."""
+    settings = config.runtime_plugin_config
+    if not settings.locations:
+        return None
+    # Plugins are other programs: no admin token, no storage passwords.
+    shown = dataclasses.replace(
+        config,
+        admin_token="***" if config.admin_token else None,
+        l2_adapters=redact_secrets(list(config.l2_adapters)),
+    )
+    launcher = MPRuntimePluginLauncher(runtime_plugin_config=settings, mp=shown)
+    launcher.launch_plugins()
+    return launcher
 
 
 def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
