@@ -285,3 +285,17 @@ def test_sigterm_while_l1_is_being_made_leaves_no_segment() -> None:
             assert proc.returncode in (130, -signal.SIGINT), err[-2000:]
             return
     pytest.fail("the server finished starting before every SIGTERM; nothing was proved")
+
+
+def test_config_file_list_and_mapping_values(tmp_path: Path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text(
+        "runtime-plugin-locations: [/opt/plugins/a.py, /opt/plugins]\n"
+        "runtime-plugin-config: {team: kv, level: 3}\n"
+    )
+    resolved = resolve_config(_parse("--config", str(config)))
+    assert resolved.runtime_plugin_config.locations == ["/opt/plugins/a.py", "/opt/plugins"]
+    assert resolved.runtime_plugin_config.extra_config == {"team": "kv", "level": 3}
+    config.write_text("runtime-plugin-config: [1, 2]\n")
+    with pytest.raises(ValueError, match=r"--runtime-plugin-config .*expected a single value"):
+        resolve_config(_parse("--config", str(config)))
