@@ -11,7 +11,8 @@ Sessions (``nox -l`` lists them):
 * ``lint`` (ruff), ``typecheck`` (mypy), ``docs`` (mkdocs --strict).
 * ``vllm-e2e`` and ``interop-upstream`` -- the real vLLM and upstream-lmcache checks.
 * ``upstream-unit`` -- upstream lmcache 0.5.6's own unit tests (from its sdist) against the
-  core wheel (tests_interop/upstream_unit/, docs/compatibility.md).
+  core wheel with the lmcache-cuda plugin wheel beside it (tests_interop/upstream_unit/,
+  docs/compatibility.md).
 
 What each session installs comes from ``[dependency-groups]`` in the root pyproject.toml
 (the ``torch`` group holds the one torch pin).
@@ -45,6 +46,8 @@ import nox
 
 ROOT = Path(__file__).parent
 CORE = ROOT / "packages" / "lmcache-core"
+# The vendor plugin whose classes upstream's in-core CUDA import paths resolve to.
+CUDA_PLUGIN = ROOT / "plugins" / "lmcache-cuda"
 PLUGINS = sorted(p for p in (ROOT / "plugins").glob("lmcache-*") if (p / "pyproject.toml").exists())
 TEST_PLUGINS = sorted(
     p for p in (ROOT / "tests" / "plugins").iterdir() if (p / "pyproject.toml").exists()
@@ -454,8 +457,12 @@ def interop_upstream(session: nox.Session) -> None:
 def upstream_unit(session: nox.Session) -> None:
     """Upstream lmcache 0.5.6's unit tests for its platform, multiprocess and lmcache_native
     API (from its sdist, cached in .nox/_interop/) against the core wheel; fails on any
-    failure or error of a test not listed in docs/compatibility.md, and prints the counts."""
-    _install_wheels(session, [CORE])
+    failure or error of a test not listed in docs/compatibility.md, and prints the counts.
+
+    The lmcache-cuda wheel (the one cached for tests(lmcache-cuda)) is installed too:
+    upstream's tests import its CUDA classes by their in-core paths (devices.cuda), which
+    lmcache-core resolves to the installed plugin's classes."""
+    _install_wheels(session, [CORE, CUDA_PLUGIN])
     session.install(*_group("upstream-unit"))
     _load_session_module(ROOT / "tests_interop" / "upstream_unit" / "nox_session.py").run(session)
 

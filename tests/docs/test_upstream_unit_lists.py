@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,3 +44,14 @@ def test_every_left_out_test_has_a_reason() -> None:
     runner = _runner()
     for test_id, reason in {**runner.IGNORED, **runner.DESELECTED}.items():
         assert len(reason.strip()) > 10, f"{test_id}: no real reason given"
+
+
+def test_plugin_files_are_selected_and_not_left_out() -> None:
+    # Files run only with lmcache-cuda installed are real selected files that neither
+    # list leaves out; the runner drops them (and says so) only where the plugin is absent.
+    runner = _runner()
+    for path in runner.CUDA_PLUGIN_FILES:
+        assert runner._is_selected(PurePosixPath(path)) and path.endswith(".py"), path
+        assert not runner._is_ignored(path, list(runner.IGNORED)), path
+        assert path in runner._left_out(plugin_installed=False)
+        assert path not in runner._left_out(plugin_installed=True)

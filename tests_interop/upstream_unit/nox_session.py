@@ -56,8 +56,8 @@ def ensure_sdist(session: Any, cache: Path, name: str, sha256: str) -> Path:
 
 
 def run(session: Any) -> None:
-    """lmcache-core and the ``upstream-unit`` dependency group (the test deps and
-    ``blake3``) are already installed in ``session``'s venv."""
+    """lmcache-core, the lmcache-cuda plugin and the ``upstream-unit`` dependency group (the
+    test deps and ``blake3``) are already installed in ``session``'s venv."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("upstream_unit_run", HERE / "run.py")

@@ -7,7 +7,10 @@ Usage::
 The selected upstream test files (``SELECTED``) are copied out of the sdist into a
 temporary folder and run with pytest in a child process of this interpreter, so the
 ``lmcache`` that interpreter imports (the installed lmcache-core wheel under nox, or a
-source tree via ``PYTHONPATH``) is the one under test.  Upstream's package-level
+source tree via ``PYTHONPATH``) is the one under test.  Under nox the lmcache-cuda plugin
+wheel is installed beside it, so upstream's ``devices.cuda`` import paths resolve to the
+plugin's classes; without the plugin the files that need it (``CUDA_PLUGIN_FILES``) are
+left out and the summary line says so.  Upstream's package-level
 ``tests/conftest.py`` is left out: it builds upstream's in-process ``LMCacheEngine``, which
 lmcache-core does not ship, and none of the selected files uses its fixtures.
 
@@ -23,6 +26,7 @@ fails or errors (collection errors included).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -54,9 +58,11 @@ _NO_SUCH_BACKEND = (
     "vendor backend that upstream ships inside its core and this project ships neither in "
     "lmcache-core nor as a plugin wheel"
 )
-_CUDA_PLUGIN = (
-    "imports upstream's in-core CUDA classes at module level; here they come from the "
-    "lmcache-cuda plugin wheel, which this session does not install (core wheel only)"
+# The session installs the lmcache-cuda plugin wheel beside the core wheel, so upstream's
+# ``devices.cuda`` names resolve to its classes; these files need names it does not have.
+_CUDA_PLUGIN_LACKS = (
+    "imports, at module level, upstream CUDA names that the lmcache-cuda plugin wheel "
+    "(installed in this session) does not provide: "
 )
 _GAP = "not yet matched (a gap, not a deliberate difference): "
 # tests/v1/multiprocess: upstream's guard passes now that lmcache_native has Bitmap and
@@ -81,26 +87,26 @@ IGNORED: dict[str, str] = {
     "tests/v1/platform/devices/rbln": _NO_SUCH_BACKEND + " (Rebellions RBLN)",
     "tests/v1/platform/devices/neuron": _NO_SUCH_BACKEND + " (AWS Neuron)",
     "tests/v1/platform/devices/xpu": _NO_SUCH_BACKEND + " (Intel XPU)",
-    "tests/v1/platform/devices/rocm": _NO_SUCH_BACKEND + " (ROCm)",
-    "tests/v1/platform/devices/cuda/test_cuda_ipc_wrapper.py": _CUDA_PLUGIN,
-    "tests/v1/platform/devices/cuda/test_event_ipc_ordering.py": _CUDA_PLUGIN
-    + "; also needs upstream's timeline-semaphore event IPC, which lmcache-cuda lacks",
-    "tests/v1/platform/devices/cuda/test_timeline_semaphore_event_ipc.py": _CUDA_PLUGIN
-    + "; also needs upstream's timeline-semaphore event IPC, which lmcache-cuda lacks",
+    "tests/v1/platform/devices/cuda/test_cuda_ipc_wrapper.py": _CUDA_PLUGIN_LACKS
+    + "RawCudaIPCWrapper (upstream's cuda.bindings wrapper for isolated IPC; lmcache-cuda "
+    "shares memory through torch's CUDA IPC handles only); every test in it needs a CUDA "
+    "device",
+    "tests/v1/platform/devices/cuda/test_timeline_semaphore_event_ipc.py": _CUDA_PLUGIN_LACKS
+    + "devices.cuda.timeline_semaphore_event_ipc and devices.cuda.utils (upstream's "
+    "timeline-semaphore event IPC over cuda.bindings); every test in it needs a CUDA device",
     "tests/v1/platform/devices/cuda/test_vmm_ipc_wrapper.py": "upstream's CUDA VMM IPC "
     "wrapper; neither lmcache-core nor lmcache-cuda supports VMM-allocated KV caches",
     "tests/v1/platform/devices/cuda/test_gpu_cache_context.py": "upstream's GPUCacheContext "
     "over its KV-layer-group manager (lmcache.v1.kv_layer_groups, not shipped); ours is "
     "lmcache-cuda's CudaCacheContext with its own suite",
-    "tests/v1/platform/test_device_ops.py": _CUDA_PLUGIN,
-    "tests/v1/platform/test_device_plugins.py": _CUDA_PLUGIN
-    + "; also drives upstream's in-tree-devices discovery helper "
-    "(lmcache.v1.utils.subclass_discovery), which our registry replaces",
-    "tests/v1/platform/test_event_ipc.py": _CUDA_PLUGIN
-    + "; also needs upstream's timeline-semaphore event IPC",
-    "tests/v1/platform/test_stream.py": "imports MusaDeviceSpec (a backend not shipped) "
-    "and CudaDeviceSpec (plugin not installed) at module level; lmcache.v1.platform.stream "
-    "itself is provided and tested in tests/v1/platform/test_stream.py",
+    "tests/v1/platform/test_device_plugins.py": "imports, at module level, upstream's "
+    "in-tree-devices discovery helper (lmcache.v1.utils.subclass_discovery), which our "
+    "entry-point registry replaces, and drives it",
+    "tests/v1/platform/test_event_ipc.py": _CUDA_PLUGIN_LACKS
+    + "devices.cuda.timeline_semaphore_event_ipc (upstream's timeline-semaphore event IPC)",
+    "tests/v1/platform/test_stream.py": "imports MusaDeviceSpec (a backend not shipped) at "
+    "module level; lmcache.v1.platform.stream itself is provided and tested in "
+    "tests/v1/platform/test_stream.py",
     "tests/v1/platform/test_ipc_wire.py": "its module imports upstream's gRPC transport "
     "(lmcache.v1.multiprocess.transport.grpc_impl); the MP server here speaks ZMQ only",
     "tests/v1/test_memory_management.py": "upstream's in-process engine memory stack "
@@ -166,7 +172,6 @@ IGNORED: dict[str, str] = {
         "lmcache.v1.multiprocess.server.run_cache_server",
         "lmcache.v1.multiprocess.transport",
         "lmcache.v1.multiprocess.custom_types.KVCache",
-        "lmcache.v1.platform.devices.cuda.ipc_wrapper.CudaIPCWrapper",
     ),
     "tests/v1/multiprocess/test_cb_fused_geometry.py": _needs("lmcache.v1.gpu_connector"),
     "tests/v1/multiprocess/test_client.py": _needs(
@@ -190,7 +195,6 @@ IGNORED: dict[str, str] = {
         "lmcache.v1.multiprocess.transfer_context.shm",
         "lmcache.v1.platform.devices.musa",
         "lmcache.v1.platform.devices.npu",
-        "lmcache.v1.platform.devices.cuda.CudaDeviceSpec",
     ),
     "tests/v1/multiprocess/test_engine_passthroughs.py": _needs(
         "lmcache.v1.multiprocess.modules.lmcache_driven_transfer",
@@ -272,7 +276,6 @@ IGNORED: dict[str, str] = {
         "lmcache.v1.distributed",
         "lmcache.v1.multiprocess.request_handler",
         "lmcache.v1.multiprocess.transport",
-        "lmcache.v1.platform.devices.cuda.ipc_wrapper.CudaIPCWrapper",
     ),
     "tests/v1/multiprocess/test_mq_handler_helpers.py": _needs(
         "lmcache.v1.gpu_connector",
@@ -285,7 +288,6 @@ IGNORED: dict[str, str] = {
         "lmcache.v1.multiprocess.group_view",
         "lmcache.v1.multiprocess.server.run_cache_server",
         "lmcache.v1.multiprocess.transport",
-        "lmcache.v1.platform.devices.cuda.ipc_wrapper.CudaIPCWrapper",
     ),
     "tests/v1/multiprocess/test_native_state_lookup.py": _needs(
         "lmcache.v1.distributed",
@@ -365,6 +367,12 @@ _LAYOUT_REGISTRY = (
     "(lmcache.v1.multiprocess.engine_context) and lmcache.v1.distributed.api, MP-server "
     "internals that lmcache-core's server replaces rather than mirrors"
 )
+_DEVICE_OPS = "tests/v1/platform/test_device_ops.py::"
+_PRIVATE_TABLES = (
+    "snapshots and monkeypatches upstream's private module-level backend tables "
+    "(lmcache.v1.platform._DEVICE_REGISTRY, _DEVICE_TYPE_REGISTRY); our backends live in "
+    "the registry object (lmcache.v1.platform.registry.get_registry())"
+)
 DESELECTED: dict[str, str] = {
     _CPU_SHM + "test_wrap_kv_caches_unlinks_partial_batch_on_failure": "wraps plain "
     "(non-SHM) tensors through kv_wrap, which upstream migrates implicitly; ours refuses "
@@ -374,7 +382,36 @@ DESELECTED: dict[str, str] = {
     "does not have: the migration mark lives on the storage object itself and dies with it, "
     "so no stale entry can outlive its storage",
     "tests/v1/platform/devices/cuda/test_cuda_tensor_from_ptr.py": "monkeypatches module "
-    "globals of upstream's in-core CUDA device_ops module; ours is in the lmcache-cuda plugin",
+    "globals (torch, its CUDA-array-interface helpers) of upstream's in-core CUDA device_ops "
+    "module; here that path only forwards CudaDeviceOps to the lmcache-cuda plugin, whose "
+    "ops build device tensors their own way",
+    **{
+        _DEVICE_OPS + name: _PRIVATE_TABLES
+        for name in (
+            "test_every_registered_device_has_all_ops",
+            "test_cpu_without_registered_spec_falls_back_to_base_device_ops",
+            "test_unregistered_accelerator_fails_fast",
+            "test_new_device_needs_zero_resolver_edits",
+        )
+    },
+    _DEVICE_OPS + "test_cpu_overrides_pointer_construction_only": (
+        "expects CpuDeviceOps to override tensor_from_ptr; our baseline "
+        "DeviceOps.tensor_from_ptr already builds host tensors, so CpuDeviceOps overrides no op"
+    ),
+    _DEVICE_OPS + "test_cuda_device_ops_loads_cuda_ops": (
+        "expects CudaDeviceOps to bind upstream's in-core native module lmcache.cuda_ops; "
+        "lmcache-cuda's CudaDeviceOps binds its own extension (lmcache_cuda.native_ops)"
+    ),
+    _DEVICE_OPS + "test_package_exports_resolved_device_ops": (
+        "expects the native-only type names (TransferDirection, EngineKVFormat, is_mla, ...) "
+        "to be absent from the CPU ops singleton; our DeviceOps always carries their "
+        "torch-free Python versions (lmcache.v1.platform.ops_types)"
+    ),
+    _DEVICE_OPS + "test_cpu_and_empty_string_resolve_to_expected_ops_classes": (
+        "expects resolve_device_ops('') to return the bare DeviceOps baseline; ours refuses "
+        "a device type no backend registers, '' included (a RuntimeError naming the "
+        "registered types)"
+    ),
     "tests/v1/platform/test_cache_context_dispatch.py::test_dispatches_by_cpu_device_type": (
         "its fake context implements only upstream's abstract methods; our BaseCacheContext "
         "also requires layout, get_shape_desc and transfer_blocks (the server's block path)"
@@ -440,6 +477,15 @@ DESELECTED: dict[str, str] = {
     ),
 }
 
+# Files that import upstream's ``devices.cuda`` names at module level and run only with the
+# lmcache-cuda plugin wheel installed (the nox session installs it).  Run where the plugin
+# is absent (a core-only venv), they are left out and the summary says how many.
+CUDA_PLUGIN_PACKAGE = "lmcache_cuda"
+CUDA_PLUGIN_FILES = (
+    "tests/v1/platform/test_device_ops.py",
+    "tests/v1/platform/devices/rocm/test_rocm_pin_memory.py",
+)
+
 # Per-test limit: an upstream test that hangs against our code is a failure, not a stall.
 TEST_TIMEOUT_S = 120
 
@@ -454,6 +500,7 @@ class Counts:
     files_total: int = 0
     files_importing: int = 0
     files_skipped: int = 0
+    files_without_plugin: int = 0
     broken_files: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -464,6 +511,11 @@ class Counts:
             f"their own guard); collected {self.collected}, passed {self.passed}, "
             f"failed {self.failed}, skipped {self.skipped}, errors {self.errors}; "
             f"deselected by {len(DESELECTED)} ids, {len(IGNORED)} files/folders not run"
+            + (
+                f"; lmcache-cuda NOT installed: {self.files_without_plugin} more files not run"
+                if self.files_without_plugin
+                else ""
+            )
         )
 
 
@@ -513,7 +565,12 @@ def _test_files(root: Path) -> list[str]:
     return files
 
 
-def _pytest_args(root: Path, junit: Path, extra: list[str]) -> list[str]:
+def _left_out(plugin_installed: bool) -> list[str]:
+    """The files and folders not run: ``IGNORED``, and the plugin's files without it."""
+    return [*IGNORED, *(() if plugin_installed else CUDA_PLUGIN_FILES)]
+
+
+def _pytest_args(root: Path, junit: Path, extra: list[str], left_out: list[str]) -> list[str]:
     args = [
         sys.executable,
         "-m",
@@ -532,21 +589,21 @@ def _pytest_args(root: Path, junit: Path, extra: list[str]) -> list[str]:
         f"--timeout={TEST_TIMEOUT_S}",
         f"--junitxml={junit}",
     ]
-    for path in IGNORED:
+    for path in left_out:
         args += ["--ignore", str(root / path)]
     for node_id in DESELECTED:
         args += ["--deselect", node_id]
     # An explicitly named file would be collected despite --ignore: name only the rest.
-    return [*args, *(sel for sel in SELECTED if not _is_ignored(sel)), *extra]
+    return [*args, *(sel for sel in SELECTED if not _is_ignored(sel, left_out)), *extra]
 
 
-def _is_ignored(path: str) -> bool:
-    return any(path == ignored or path.startswith(ignored + "/") for ignored in IGNORED)
+def _is_ignored(path: str, left_out: list[str]) -> bool:
+    return any(path == ignored or path.startswith(ignored + "/") for ignored in left_out)
 
 
-def _count(junit: Path, files: list[str]) -> Counts:
+def _count(junit: Path, files: list[str], left_out: list[str]) -> Counts:
     counts = Counts()
-    run_files = [f for f in files if not _is_ignored(f)]
+    run_files = [f for f in files if not _is_ignored(f, left_out)]
     counts.files_total = len(run_files)
     broken: set[str] = set()
     for case in ET.parse(junit).getroot().iter("testcase"):
@@ -585,10 +642,16 @@ def run(sdist: Path, extra: list[str], keep: Path | None = None) -> Counts:
         extract_tests(sdist, root)
         junit = root / "junit.xml"
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        subprocess.run(_pytest_args(root, junit, extra), cwd=root, env=env, check=False)
+        # pytest runs under this interpreter, so this one's site-packages is what it sees.
+        plugin_installed = importlib.util.find_spec(CUDA_PLUGIN_PACKAGE) is not None
+        left_out = _left_out(plugin_installed)
+        args = _pytest_args(root, junit, extra, left_out)
+        subprocess.run(args, cwd=root, env=env, check=False)
         if not junit.exists():
             raise SystemExit("pytest wrote no report: it did not start (see above)")
-        return _count(junit, _test_files(root))
+        counts = _count(junit, _test_files(root), left_out)
+        counts.files_without_plugin = 0 if plugin_installed else len(CUDA_PLUGIN_FILES)
+        return counts
 
 
 def main(argv: list[str] | None = None) -> int:

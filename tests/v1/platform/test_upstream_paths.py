@@ -99,6 +99,30 @@ def test_devices_cuda_resolves_to_the_registered_class(monkeypatch: pytest.Monke
     assert CudaIPCWrapper is spec.ipc_wrapper_cls
 
 
+def test_devices_pin_memory_paths_resolve_to_the_registered_backends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pinned = {name: type(f"{name}Pin", (), {}) for name in ("cuda", "rocm")}
+    backends = {
+        name: type("B", (), {"spec": type("S", (), {"pin_memory_backend": cls})()})()
+        for name, cls in pinned.items()
+    }
+    monkeypatch.setattr(
+        "lmcache.v1.platform.registry.get_registry",
+        lambda: type("R", (), {"backends": backends})(),
+    )
+    from lmcache.v1.platform.devices.cuda.pin_memory import CudaPinMemoryBackend
+    from lmcache.v1.platform.devices.rocm import pin_memory
+
+    assert CudaPinMemoryBackend is pinned["cuda"]
+    assert pin_memory.RocmPinMemoryBackend is pinned["rocm"]
+    del backends["rocm"]
+    with pytest.raises(ImportError, match="registers the 'rocm' backend: pip install lmcache-cuda"):
+        pin_memory.RocmPinMemoryBackend  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'RawPinMemoryBackend'"):
+        pin_memory.RawPinMemoryBackend  # noqa: B018
+
+
 def test_posix_shm_create_map_unmap_unlink() -> None:
     name = f"/lmcache_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     writer = shm_create_readwrite(name, 4096)
