@@ -115,14 +115,9 @@ IGNORED: dict[str, str] = {
     "tests/v1/multiprocess/http_apis/test_cache_api.py": _needs(
         "lmcache.v1.distributed",
         "lmcache.v1.multiprocess.cache_control",
-        "lmcache.v1.multiprocess.http_apis.dependencies",
         "lmcache.v1.multiprocess.http_apis.error_handlers",
     ),
     "tests/v1/multiprocess/http_apis/test_common_api.py": _needs("lmcache.v1.internal_api_server"),
-    "tests/v1/multiprocess/http_apis/test_config_api.py": _needs(
-        "lmcache.v1.multiprocess.http_apis.config_api",
-        "lmcache.v1.multiprocess.http_apis.dependencies",
-    ),
     "tests/v1/multiprocess/http_apis/test_l1_reconfigure_api.py": _needs(
         "lmcache.v1.distributed",
         "lmcache.v1.memory_allocators",
@@ -191,6 +186,7 @@ IGNORED: dict[str, str] = {
         "lmcache.v1.multiprocess.engine_context",
         "lmcache.v1.multiprocess.group_view",
         "lmcache.v1.multiprocess.modules.engine_driven_transfer",
+        "lmcache.v1.multiprocess.transfer_context.base.create_engine_driven_context",
         "lmcache.v1.multiprocess.transfer_context.pickle",
         "lmcache.v1.multiprocess.transfer_context.shm",
         "lmcache.v1.platform.devices.musa",
@@ -240,7 +236,6 @@ IGNORED: dict[str, str] = {
     "tests/v1/multiprocess/test_http_server.py": _needs(
         "lmcache.v1.mp_coordinator",
         "lmcache.v1.mp_observability",
-        "lmcache.v1.multiprocess.http_apis.dependencies",
         "lmcache.v1.multiprocess.http_server.app",
         "lmcache.v1.multiprocess.config.HTTPFrontendConfig",
     ),
@@ -359,8 +354,9 @@ _MP = "tests/v1/multiprocess/"
 _CUDA_MARKED = (
     "GPU-only: marked cuda by upstream, whose CPU torch_dev is a stub reporting unavailable "
     "(so upstream's own skip mark skips it); ours is torch.cpu, which reports available but "
-    "has no init(); DeviceMessagingFuture is covered by "
-    "tests/v1/multiprocess/test_futures_compat.py"
+    "has no init(); tests/v1/multiprocess/test_futures_compat.py runs the same check "
+    "(a DeviceMessagingFuture importing an event another process exported) on the host "
+    "event backend"
 )
 _LAYOUT_REGISTRY = (
     "imports, inside the test, upstream's LayoutDescRegistry "
@@ -657,7 +653,12 @@ def run(sdist: Path, extra: list[str], keep: Path | None = None) -> Counts:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sdist", type=Path, required=True, help=f"path to {SDIST_NAME}")
-    parser.add_argument("--strict", action="store_true", help="exit 1 on any failure/error")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on any failure/error, or when the lmcache-cuda plugin is not installed "
+        "(its files would be left out)",
+    )
     parser.add_argument("--keep", type=Path, help="extract into this folder and keep it")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     options = parser.parse_args(argv)
@@ -665,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     # A command-line report: stdout is its output.
     report = [f"  {line}" for line in counts.failures] + [counts.summary()]
     sys.stdout.write("\n".join(report) + "\n")
-    if options.strict and (counts.failed or counts.errors):
+    if options.strict and (counts.failed or counts.errors or counts.files_without_plugin):
         return 1
     return 0
 
