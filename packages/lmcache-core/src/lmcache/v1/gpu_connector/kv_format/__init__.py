@@ -1,0 +1,29 @@
+"""Upstream LMCache 0.5.6's ``lmcache.v1.gpu_connector.kv_format``: per-format geometry.
+
+* :class:`KVFormatSpec` -- one subclass per ``EngineKVFormat`` (static layout facts as
+  class attributes; geometry getters over a ``kv_caches``), generated from lmcache-core's
+  format table :mod:`lmcache.v1.platform.kv_formats`;
+* :func:`get_spec_class` / :func:`get_spec` -- look a format's spec up;
+* :func:`describe_shape` / :func:`concrete_shape` -- a format's symbolic / numeric shape;
+* :func:`extract_kv_cache_shapes` -- the tensor shapes in a ``kv_caches``.
+
+Not provided: upstream's ``detect_format`` and its per-engine detectors.
+"""
+
+from lmcache.v1.gpu_connector.kv_format.detection import extract_kv_cache_shapes
+from lmcache.v1.gpu_connector.kv_format.specs import (
+    KVFormatSpec,
+    concrete_shape,
+    describe_shape,
+    get_spec,
+    get_spec_class,
+)
+
+__all__ = [
+    "KVFormatSpec",
+    "concrete_shape",
+    "describe_shape",
+    "extract_kv_cache_shapes",
+    "get_spec",
+    "get_spec_class",
+]
