@@ -24,6 +24,7 @@ __all__ = [
     "BlockId",
     "BlockIdList",
     "BlockIds",
+    "EngineGroupInfo",
     "EngineType",
     "Handle",
     "IPCCacheServerKey",
@@ -207,6 +208,38 @@ class BlockAllocationRecord(msgspec.Struct):
     req_id: Name
     new_block_ids: BlockIdList
     new_token_ids: Annotated[list[Int64], Meta(max_length=MAX_TOKENS)]
+
+
+class EngineGroupInfo(msgspec.Struct, frozen=True):
+    """Upstream's description of one LMCache KV group (``register_kv_cache``'s
+    ``engine_group_infos`` items): layers of one engine group sharing a copy kernel.
+
+    Several infos may share an ``engine_group_id`` when one engine group splits by
+    physical geometry. Every field but ``engine_group_id`` defaults, so older payloads
+    decode. Helpers over a ``list[EngineGroupInfo]`` are in
+    :mod:`lmcache.v1.multiprocess.group_view`.
+
+    Attributes:
+        engine_group_id: the engine's paged-block address space the layers live in
+            (dense from 0); it selects the request's block-id list.
+        layer_indices: registered KV tensor indices of this group.
+        tokens_per_block: tokens one engine block of the group covers; 0 = not
+            reported (the group is then taken as uncompressed).
+        sw_size_tokens: sliding-window size in tokens; -1 = no sliding window.
+        extra_object_group_tag: 0 for a regular group; > 0 tags an extra group (e.g.
+            CacheBlend's fused auxiliary pool) placed after the regular ones.
+        recurrent_state: the pages hold recurrent-state snapshots (Mamba/GDN), not
+            attention KV.
+    """
+
+    engine_group_id: Annotated[int, Meta(ge=0, lt=MAX_KV_GROUPS)]
+    layer_indices: Annotated[
+        tuple[Annotated[int, Meta(ge=0, lt=MAX_LAYERS)], ...], Meta(max_length=MAX_LAYERS)
+    ] = ()
+    tokens_per_block: Annotated[int, Meta(ge=0, le=MAX_TOKENS)] = 0
+    sw_size_tokens: Annotated[int, Meta(ge=-1, le=MAX_TOKENS)] = -1
+    extra_object_group_tag: Annotated[int, Meta(ge=0, lt=MAX_KV_GROUPS)] = 0
+    recurrent_state: bool = False
 
 
 class ShmSlotDescriptor(msgspec.Struct):
