@@ -69,7 +69,6 @@ _CUDA_PLUGIN_LACKS = (
     "imports, at module level, upstream CUDA names that the lmcache-cuda plugin wheel "
     "(installed in this session) does not provide: "
 )
-_GAP = "not yet matched (a gap, not a deliberate difference): "
 # tests/v1/multiprocess: upstream's guard passes now that lmcache_native has Bitmap and
 # PeriodicEventNotifier, so each file that cannot import is listed with what it lacks
 # (found by importing every ``lmcache`` name the file imports; upstream's helper modules
@@ -343,12 +342,6 @@ IGNORED: dict[str, str] = {
     "over lmcache.v1.distributed (not shipped)",
     "tests/v1/gpu_connector/test_per_layer_kv_tuple_format.py": "imports upstream's "
     "KV-layer-group manager (lmcache.v1.kv_layer_groups), which lmcache-core does not ship",
-    "tests/v1/gpu_connector/test_blocks_first_detection.py": _GAP
-    + "lmcache.v1.gpu_connector.utils.resolve_block_stride_and_log_layout",
-    "tests/v1/gpu_connector/test_concrete_shape.py": _GAP
-    + "lmcache.v1.gpu_connector.utils.get_concrete_engine_kv_shape_from_shape_desc",
-    "tests/v1/gpu_connector/test_utils_shape_desc.py": _GAP
-    + "lmcache.v1.gpu_connector.utils.make_page_buffer_shape_desc",
 }
 
 # Tests deselected one by one (pytest node ids): id -> reason.  Keep in step with

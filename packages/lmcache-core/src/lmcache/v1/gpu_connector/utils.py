@@ -4,13 +4,14 @@ types and the ``get_*`` geometry facade over :mod:`lmcache.v1.gpu_connector.kv_f
 Each ``get_*(kv_caches, engine_kv_format, ...)`` builds a transient spec and asks it one
 question; ``normalize_kv_and_discover_format`` and its per-layer variant name formats
 through :func:`~lmcache.v1.gpu_connector.kv_format.detect_format`. Not provided from
-upstream's module: the in-process connector checks and the page-buffer shape-descriptor
-builders.
+upstream's module: the in-process connector checks (they take upstream's
+``GPUConnectorInterface`` and ``LMCacheEngineConfig``, which lmcache-core does not ship).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -24,7 +25,8 @@ from lmcache.v1.gpu_connector.kv_format import (
     get_spec_class,
 )
 from lmcache.v1.gpu_connector.kv_format.types import DiscoverableKVCache, LayoutHints
-from lmcache.v1.platform.kv_formats import EngineKVFormat
+from lmcache.v1.platform.kv_formats import EngineKVFormat, format_spec
+from lmcache.v1.platform.ops_types import PageBufferShapeDesc
 
 __all__ = [
     "DiscoverableKVCache",
@@ -32,6 +34,7 @@ __all__ = [
     "get_attention_backend",
     "get_block_size",
     "get_concrete_engine_kv_shape",
+    "get_concrete_engine_kv_shape_from_shape_desc",
     "get_device",
     "get_dtype",
     "get_elements_per_layer",
@@ -47,8 +50,10 @@ __all__ = [
     "get_shape_and_dtype",
     "get_tokens_per_layer",
     "legible_print_engine_kv_format",
+    "make_page_buffer_shape_desc",
     "normalize_and_discover_per_layer_formats",
     "normalize_kv_and_discover_format",
+    "resolve_block_stride_and_log_layout",
 ]
 
 logger = logging.getLogger(__name__)
@@ -79,6 +84,37 @@ def get_concrete_engine_kv_shape(kv_caches: DiscoverableKVCache, engine_kv_forma
         return get_spec(kv_caches, engine_kv_format).concrete_shape_str()
     except ValueError:
         return f"Unknown ({engine_kv_format})"
+
+
+# A size label of a shape template: a word that is not a number and not the "x" between
+# a list and its item ("BSxVALS" is one label).
+_SHAPE_LABEL = re.compile(r"\b(?!x\b)[A-Za-z]\w*\b")
+
+
+def get_concrete_engine_kv_shape_from_shape_desc(
+    shape_desc: PageBufferShapeDesc, engine_kv_format: Fmt
+) -> str:
+    """The format's shape with one kernel group's sizes from ``shape_desc``.
+
+    Group-accurate where :func:`get_concrete_engine_kv_shape` is not: ``NL`` is the
+    group's layer count, so each group of a hybrid model reports its own shape. A fused
+    ``NB*BS`` axis (``PBS``) reads ``nb * bs``. Formats whose shape names a size the
+    descriptor does not hold (``CS``, ``NP``, ...) give ``Unknown (<format>)``.
+    """
+    sizes = {
+        "NL": shape_desc.nl,
+        "NB": shape_desc.nb,
+        "BS": shape_desc.bs,
+        "NH": shape_desc.nh,
+        "HS": shape_desc.hs,
+        "PBS": shape_desc.nb * shape_desc.bs,
+    }
+    template = get_engine_kv_shape_description(engine_kv_format)
+    if template.startswith("Unknown") or any(
+        label not in sizes for label in _SHAPE_LABEL.findall(template)
+    ):
+        return f"Unknown ({engine_kv_format})"
+    return _SHAPE_LABEL.sub(lambda match: str(sizes[match.group()]), template)
 
 
 def get_num_layers(kv_caches: DiscoverableKVCache, engine_kv_format: Fmt) -> int:
@@ -227,4 +263,125 @@ def normalize_and_discover_per_layer_formats(
     return (
         [found[i][0] if i in found else entries[i] for i in range(len(entries))],
         [found[i][1] if i in found else fallback for i in range(len(entries))],
+    )
+
+
+# Formats whose per-layer tensor has the block axis first and whose kernels honour a
+# padded block stride (DeepSeek-style compressor caches sharing a wider KV pool, vLLM's
+# blocks-first BLHNC/BLNHC views whose stride(0) spans every layer of a block).
+# NL_X_NB_TWO_BS_NH_HS also starts with NB, but no engine pads it and the padding's axis
+# would be ambiguous, so padding there is refused like any non-block-axis format.
+_BLOCK_AXIS_FORMATS = frozenset(
+    {
+        EngineKVFormat.NL_X_NB_BS_HS,
+        EngineKVFormat.NL_X_NB_BSV_BSS,
+        EngineKVFormat.NL_X_NP_X_NB_BS_ONE_HS,
+        EngineKVFormat.NL_X_NB_NH_BS_CS,
+        EngineKVFormat.NL_X_NB_BS_NH_CS,
+        EngineKVFormat.NL_X_NB_BS_NH_HS,
+    }
+)
+
+
+def _layout_probe(
+    kv_caches: DiscoverableKVCache, engine_kv_format: Fmt, layer_idx: int
+) -> torch.Tensor:
+    """One engine tensor whose shape and strides stand for ``layer_idx``'s layout."""
+    spec = format_spec(engine_kv_format)
+    if spec.cross_layer:
+        if not isinstance(kv_caches, torch.Tensor):
+            raise TypeError(
+                "a cross-layer EngineKVFormat expects one backing torch.Tensor, "
+                f"got {type(kv_caches).__name__}"
+            )
+        return kv_caches
+    entry: object
+    if spec.kv_list:
+        entry = kv_caches[0][layer_idx]  # type: ignore[index]
+    elif spec.kv_second_tuple or spec.container == "layer_tuples":
+        entry = kv_caches[layer_idx][0]  # type: ignore[index]
+    else:
+        entry = kv_caches[layer_idx]  # type: ignore[index]
+    if not isinstance(entry, torch.Tensor):
+        raise TypeError(f"layer {layer_idx} of kv_caches is a {type(entry).__name__}, not a tensor")
+    return entry
+
+
+def _dim0_padding(tensor: torch.Tensor) -> int:
+    """Elements between consecutive dim-0 slices beyond the tightly packed step."""
+    if tensor.ndim < 2:
+        return 0
+    tight = 1
+    for size in tensor.shape[1:]:
+        tight *= int(size)
+    return int(tensor.stride(0)) - tight
+
+
+def resolve_block_stride_and_log_layout(
+    kv_caches: DiscoverableKVCache, engine_kv_format: Fmt, layer_idx: int, group_idx: int
+) -> int | None:
+    """The per-block stride (elements) for a group's ``PageBufferShapeDesc``; logs the layout.
+
+    For block-axis formats the probe tensor's ``stride(0)`` is returned as is (larger than
+    the tight step when blocks are padded or interleaved). Other formats return None (the
+    kernels derive the tight stride) and a padded dim 0 raises ``ValueError``, since no
+    kernel could honour it and every block after the first would be read from the wrong
+    bytes.
+    """
+    probe = _layout_probe(kv_caches, engine_kv_format, layer_idx)
+    padding = _dim0_padding(probe)
+    block_stride: int | None = None
+    if engine_kv_format in _BLOCK_AXIS_FORMATS and probe.ndim > 0:
+        block_stride = int(probe.stride(0))
+    elif padding > 0:
+        raise ValueError(
+            f"group {group_idx}: layer {layer_idx}'s tensor has dim-0 padding ({padding} "
+            f"elements per slice) but {EngineKVFormat(engine_kv_format).name} is not a "
+            "block-axis format whose kernels honour a padded stride; shape="
+            f"{tuple(probe.shape)}, stride={tuple(probe.stride())}, dtype={probe.dtype}"
+        )
+    logger.info(
+        "Group %d first-layer tensor: layer_idx=%d shape=%s stride=%s is_contiguous=%s "
+        "dtype=%s device=%s storage_offset=%d numel=%d padding_per_block=%d",
+        group_idx,
+        layer_idx,
+        tuple(probe.shape),
+        tuple(probe.stride()),
+        probe.is_contiguous(),
+        probe.dtype,
+        probe.device,
+        probe.storage_offset(),
+        probe.numel(),
+        padding,
+    )
+    return block_stride
+
+
+def make_page_buffer_shape_desc(
+    kv_caches: DiscoverableKVCache,
+    engine_kv_format: Fmt,
+    layer_idx: int,
+    num_layers_in_group: int,
+    num_blocks: int,
+    block_size: int,
+    block_stride_elems: int | None = None,
+) -> PageBufferShapeDesc:
+    """The kernels' ``PageBufferShapeDesc`` for one group, sized from ``layer_idx``.
+
+    ``block_stride_elems`` (from :func:`resolve_block_stride_and_log_layout`) must be
+    passed whenever the group's pool may be padded; None or 0 lets the kernels use the
+    tight stride.
+    """
+    spec = get_spec(kv_caches, engine_kv_format)
+    dtype = spec.dtype(layer_idx)
+    return PageBufferShapeDesc(
+        kv_size=spec.kv_size(),
+        nl=num_layers_in_group,
+        nb=num_blocks,
+        bs=block_size,
+        nh=1 if format_spec(engine_kv_format).mla else spec.num_heads(layer_idx),
+        hs=spec.head_size(layer_idx),
+        element_size=dtype.itemsize,
+        block_stride_elems=int(block_stride_elems) if block_stride_elems else 0,
+        dtype=dtype,
     )

@@ -36,8 +36,9 @@ def dim0_padding_elems(tensor: torch.Tensor) -> int:
     for axis in range(tensor.dim() - 1, 0, -1):
         if shape[axis] != 1 and stride[axis] != tight:
             raise ValueError(
-                f"non-contiguous KV view with padding inside axis {axis}; only padding "
-                f"between blocks (axis 0) can be transferred ({where})"
+                f"non-contiguous KV view with padding inside axis {axis}, not a supported "
+                "(dim-0 padding only) layout: only padding between blocks (axis 0) can be "
+                f"transferred ({where})"
             )
         tight *= shape[axis]
     if stride[0] < tight:
