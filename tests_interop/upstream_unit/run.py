@@ -121,7 +121,6 @@ IGNORED: dict[str, str] = {
         "lmcache.v1.multiprocess.cache_control",
         "lmcache.v1.multiprocess.http_apis.error_handlers",
     ),
-    "tests/v1/multiprocess/http_apis/test_common_api.py": _needs("lmcache.v1.internal_api_server"),
     "tests/v1/multiprocess/http_apis/test_l1_reconfigure_api.py": _needs(
         "lmcache.v1.distributed",
         "lmcache.v1.memory_allocators",

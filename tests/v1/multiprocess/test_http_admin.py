@@ -125,3 +125,82 @@ def test_without_a_token_the_flag_alone_allows_clear(
         cleared = http.post("/cache/clear")
         assert cleared.status_code == 200, cleared.text
         assert data.is_gone()
+
+
+# -- operator routes (lmcache.v1.internal_api_server.common) on the real server --------------
+
+SECRET_ENV = "LMC_TEST_STORAGE_PASSWORD"
+SECRET_VALUE = "env-secret-" + "5f1e2d3c4b5a6978"
+
+
+@pytest.fixture(scope="module")
+def scripted(
+    server_factory: Callable[..., ServerProcess], token_file: Path
+) -> tuple[ServerProcess, httpx.Client]:
+    """--run-script-api-enabled (math importable) with an admin token, and a secret in the
+    server's environment."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SECRET_ENV, SECRET_VALUE)
+        patch.setenv("LMC_TEST_PLAIN_SETTING", "plain-value")
+        return _start(
+            server_factory,
+            "--run-script-api-enabled", "--script-allowed-imports", "math",
+            "--admin-token-file", str(token_file),
+        )  # fmt: skip
+
+
+def _run(http: httpx.Client, source: bytes, token: str | None = TOKEN) -> httpx.Response:
+    headers = _bearer(token) if token else {}
+    return http.post("/run_script", files={"script": ("s.py", source)}, headers=headers)
+
+
+def test_env_needs_the_token_and_redacts_secrets(
+    scripted: tuple[ServerProcess, httpx.Client],
+) -> None:
+    server, http = scripted
+    refused = http.get("/env")
+    assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+    env = http.get("/env", headers=_bearer(TOKEN))
+    assert env.status_code == 200
+    assert '"LMC_TEST_PLAIN_SETTING": "plain-value"' in env.text
+    assert f'"{SECRET_ENV}": "***"' in env.text
+    assert SECRET_VALUE not in env.text and SECRET_VALUE not in server.log()
+
+
+def test_setting_a_log_level_needs_the_token(
+    scripted: tuple[ServerProcess, httpx.Client],
+) -> None:
+    _server, http = scripted
+    query = "/loglevel?logger_name=lmcache.v1.multiprocess&level=DEBUG"
+    assert http.get(query).status_code == 401
+    assert http.get("/loglevel?logger_name=lmcache.v1.multiprocess").text.endswith("NOTSET")
+    assert http.get(query, headers=_bearer(TOKEN)).status_code == 200
+    assert http.get("/loglevel?logger_name=lmcache.v1.multiprocess").text.endswith("DEBUG")
+    # Reading threads needs no token; the frontend's own thread is there.
+    assert "lmc-http" in http.get("/threads").text
+
+
+def test_run_script_needs_the_token_then_sees_the_server(
+    scripted: tuple[ServerProcess, httpx.Client],
+) -> None:
+    server, http = scripted
+    marker = b"app.state.touched = 'by-an-unauthorized-script'"
+    assert _run(http, marker, token=None).status_code == 401
+    assert _run(http, marker, token=WRONG).status_code == 401
+    # The refused script never ran: the app state does not hold its mark.
+    probe = _run(http, b"result = app.state._state.get('touched', 'untouched')")
+    assert probe.status_code == 200 and probe.text == "untouched"
+    chunk = _run(http, b"result = app.state.configs['mp'].chunk_size")
+    assert chunk.text == "16"
+    assert _run(http, b"import math\nresult = math.isqrt(99)").text == "9"
+    refused = _run(http, b"import subprocess")
+    assert refused.status_code == 500 and "not allowed" in refused.text
+    log = server.log()
+    assert "POST /run_script is enabled" in log and "run_script: executing" in log
+    assert TOKEN not in log
+
+
+def test_run_script_is_404_without_its_flag(guarded: tuple[ServerProcess, httpx.Client]) -> None:
+    _server, http = guarded
+    reply = _run(http, b"result = 1")
+    assert reply.status_code == 404 and "disabled" in reply.text

@@ -147,6 +147,24 @@ def test_config_file_needs_a_boolean_for_isolated_ipc(tmp_path: Path) -> None:
         resolve_config(_server_args("--config", str(config)))
 
 
+def test_run_script_settings_from_flags_and_a_config_file(tmp_path: Path) -> None:
+    default = resolve_config(_server_args())
+    assert default.run_script_api_enabled is False and default.script_allowed_imports == []
+    flags = resolve_config(
+        _server_args("--run-script-api-enabled", "--script-allowed-imports", "math", "json")
+    )
+    assert flags.run_script_api_enabled is True
+    assert flags.script_allowed_imports == ["math", "json"]
+    config = tmp_path / "server.yaml"
+    config.write_text("run_script_api_enabled: true\nscript_allowed_imports: [math]\n")
+    from_file = resolve_config(_server_args("--config", str(config)))
+    assert from_file.run_script_api_enabled and from_file.script_allowed_imports == ["math"]
+    overridden = resolve_config(
+        _server_args("--config", str(config), "--no-run-script-api-enabled")
+    )
+    assert overridden.run_script_api_enabled is False
+
+
 def test_p2p_defaults_without_the_p2p_flags() -> None:
     parser = argparse.ArgumentParser()
     add_mp_server_args(parser)  # no add_p2p_args: upstream tolerates the missing flags

@@ -168,6 +168,8 @@ class MPServerConfig:
     prometheus_port: int = 9090
     disable_metrics: bool = False
     enable_http_cache_clear: bool = False
+    run_script_api_enabled: bool = False
+    script_allowed_imports: list[str] = dataclasses.field(default_factory=list)
     enable_admin_ops: bool = False
     admin_token: str | None = dataclasses.field(default=None, repr=False)
     admin_token_file: str | None = None
@@ -332,6 +334,8 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         prometheus_port=args.prometheus_port,
         disable_metrics=args.disable_metrics,
         enable_http_cache_clear=args.enable_http_cache_clear,
+        run_script_api_enabled=args.run_script_api_enabled,
+        script_allowed_imports=list(args.script_allowed_imports),
         enable_admin_ops=args.enable_admin_ops,
         admin_token=args.admin_token,
         admin_token_file=args.admin_token_file,

@@ -254,6 +254,21 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
         help="Serve POST /cache/clear (off by default: it drops every cached object). With an "
         "admin token configured, the request must carry 'Authorization: Bearer TOKEN'.",
     )
+    group.add_argument(
+        "--run-script-api-enabled",
+        action="boolean_optional",
+        default=False,
+        help="Serve POST /run_script, which runs an uploaded Python script inside the server "
+        "(off by default; enable only where every caller is trusted). With an admin token "
+        "configured, the request must carry it.",
+    )
+    group.add_argument(
+        "--script-allowed-imports",
+        nargs="*",
+        default=[],
+        metavar="MODULE",
+        help="Modules a /run_script script may import (none by default).",
+    )
 
 
 def add_observability_args(parser: argparse.ArgumentParser) -> None:

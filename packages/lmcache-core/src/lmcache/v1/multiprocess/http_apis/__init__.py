@@ -11,10 +11,14 @@ set.  Provided groups:
   upstream's ``/cache/checksums`` (:mod:`.block_checksums`) without the route: our server
   does not hold the engine's KV tensors;
 * :mod:`.config_api`: ``GET /config`` (the server's configuration, secrets redacted) and
-  ``GET /config/adapters`` (its L2 tiers).
+  ``GET /config/adapters`` (its L2 tiers);
+* :mod:`.common_api`: the operator routes of :mod:`lmcache.v1.internal_api_server.common`
+  (``/env``, ``/loglevel``, ``/threads``, ``/periodic-threads``, ``/metrics``,
+  ``/run_script``).
 
 :mod:`.dependencies` is upstream's per-app context (``build_context`` / ``get_context``).
 Upstream's object listing, prefetch and reconfiguration groups are not provided.
 ``lmcache server`` itself serves :func:`lmcache.v1.multiprocess.server.http_frontend.build_app`,
-which serves its own variants of the info and cache routes plus ``/metrics``.
+which serves its own variants of the info and cache routes plus ``/metrics``, and the
+operator routes but ``/metrics``.
 """

@@ -5,8 +5,14 @@ with the problems otherwise), ``GET /status`` (JSON), ``GET /config`` (the serve
 configuration, secrets redacted, indented JSON), ``GET /config/adapters`` (its L2 tiers),
 ``GET /metrics`` (Prometheus text),
 ``POST /cache/clear`` (only with ``--enable-http-cache-clear``; with an admin token
-configured it needs ``Authorization: Bearer <token>``).  Every error is a JSON object
-``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
+configured it needs ``Authorization: Bearer <token>``).  Every error of these is a JSON
+object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
+
+The operator routes of :mod:`lmcache.v1.internal_api_server.common` are mounted too:
+``GET /env`` (secrets redacted), ``GET /loglevel`` (setting a level), ``GET /threads``,
+``GET /periodic-threads[/{name}]``, ``GET /periodic-threads-health`` and ``POST
+/run_script`` (only with ``--run-script-api-enabled``); with an admin token configured,
+``/env``, setting a level and ``/run_script`` need it as well.
 
 The socket is bound before the thread starts, so a busy port is reported synchronously
 (:class:`OSError`) rather than by uvicorn exiting its thread.  ``--prometheus-port`` serves
@@ -28,6 +34,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from lmcache.v1.internal_api_server.common import (
+    env_api,
+    loglevel_api,
+    periodic_thread_api,
+    run_script_api,
+    thread_api,
+)
 from lmcache.v1.multiprocess.server.config_report import list_l2_adapters, server_configs
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
@@ -35,7 +48,28 @@ from lmcache.v1.multiprocess.wire.security import TokenCheck, http_reach, warn_i
 
 logger = logging.getLogger(__name__)
 
-ROUTES = ("/", "/healthcheck", "/status", "/config", "/config/adapters", "/metrics", "/cache/clear")
+ROUTES = (
+    "/",
+    "/healthcheck",
+    "/status",
+    "/config",
+    "/config/adapters",
+    "/metrics",
+    "/cache/clear",
+    "/env",
+    "/loglevel",
+    "/threads",
+    "/periodic-threads",
+    "/periodic-threads-health",
+    "/run_script",
+)
+_OPERATOR_ROUTERS = (
+    env_api.router,
+    loglevel_api.router,
+    thread_api.router,
+    periodic_thread_api.router,
+    run_script_api.router,
+)
 _STOP_TIMEOUT_S = 5.0
 
 
@@ -159,7 +193,16 @@ def build_app(
     async def cache_clear(request: Request, force: bool = False) -> Any:
         return await clear_cache_reply(engine, request, allow_cache_clear, force)
 
+    # What the operator routes read (lmcache.v1.internal_api_server.common.access).
+    app.state.configs = {} if engine.server_config is None else {"mp": engine.server_config}
+    app.state.authorize = lambda request: _unauthorized(engine, request)
+    for router in _OPERATOR_ROUTERS:
+        app.include_router(router)
     return app
+
+
+def _run_script_enabled(engine: MPCacheServer) -> bool:
+    return bool(engine.server_config and engine.server_config.run_script_api_enabled)
 
 
 class HTTPFrontend:
@@ -187,8 +230,18 @@ class HTTPFrontend:
             "the HTTP frontend",
             host,
             self.port,
-            http_reach(engine.settings.admin, allow_cache_clear),
+            http_reach(engine.settings.admin, allow_cache_clear, _run_script_enabled(engine)),
         )
+        if _run_script_enabled(engine):
+            logger.warning(
+                "POST /run_script is enabled on %s:%d: it runs uploaded Python inside this "
+                "server%s",
+                host,
+                self.port,
+                ""
+                if engine.settings.admin.token
+                else " for anyone who can reach the port (no admin token is configured)",
+            )
         config = uvicorn.Config(
             build_app(engine, is_serving, allow_cache_clear),
             log_level="warning",
