@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from lmcache.v1.memory.buddy import BuddySpace
 from lmcache.v1.memory.base import HostBufferAllocator, MemoryObj, MemoryObjMetadata
+from lmcache.v1.memory.buddy import BuddySpace
 from lmcache.v1.memory.format import (
     DtypesArg,
     MemoryFormat,
