@@ -102,3 +102,14 @@ def test_without_a_config_upstreams_defaults_apply() -> None:
 def test_rejects_a_non_positive_timeout() -> None:
     with pytest.raises(ValueError, match="pin_timeout_sec"):
         PinMonitor(SimpleNamespace(pin_timeout_sec=0, pin_check_interval_sec=1))
+
+
+def test_a_pin_does_not_start_a_watchdog() -> None:
+    """Only an explicit GetOrCreate starts the monitor: lmcache server releases its own
+    pins and must not have them force-released under a live request."""
+    PinMonitor.DestroyInstance()
+    obj = _obj()
+    obj.pin()
+    assert PinMonitor.GetIfCreated() is None
+    assert obj.metadata.pin_count == 1 and obj.unpin()
+    assert PinMonitor.GetIfCreated() is None

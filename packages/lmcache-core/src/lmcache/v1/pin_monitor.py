@@ -10,6 +10,11 @@ reports every pin and its last unpin here.
 
 ``PinMonitor.GetOrCreate(config)`` is a **per-process singleton**, as upstream has it: one
 watchdog thread serves every allocator of the process.  Differences from upstream:
+  * pins are watched only in a process that created the monitor (the in-process engine
+    path, or a caller of ``GetOrCreate``): a pin does not create it.  ``lmcache server``
+    keeps a lookup's chunks pinned until that request retrieves them or its session
+    ends, and releases them itself, so a watchdog there would unpin chunks a live
+    request still needs;
   * without a config the first instance uses upstream's config defaults
     (:data:`DEFAULT_PIN_TIMEOUT_SEC`, :data:`DEFAULT_PIN_CHECK_INTERVAL_SEC`) instead of
     failing an assertion, so pinning works in a process that built no engine config;
@@ -82,6 +87,11 @@ class PinMonitor(PeriodicThread):
             if PinMonitor._instance is None:
                 PinMonitor._instance = PinMonitor(config)
             return PinMonitor._instance
+
+    @staticmethod
+    def GetIfCreated() -> PinMonitor | None:
+        """The process's monitor if one was created, else None (pins are then unwatched)."""
+        return PinMonitor._instance
 
     @staticmethod
     def DestroyInstance() -> None:

@@ -123,7 +123,7 @@ class TensorMemoryObj(_Counted):
     """A memory object viewing a byte range of an allocator's buffer (or its own tensor).
 
     Every pin is reported to the process's :class:`~lmcache.v1.pin_monitor.PinMonitor`
-    (which force-unpins objects pinned too long) and the first pin / last unpin to
+    when one was created (it force-unpins objects pinned too long) and the first pin / last unpin to
     ``TensorMemoryObj.monitor`` (upstream's class-level stats monitor).
     """
 
@@ -177,7 +177,9 @@ class TensorMemoryObj(_Counted):
             self._meta.pin_count += 1
             if self._meta.pin_count == 1:
                 type(self).monitor.update_pinned_memory_objs_count(1)
-            PinMonitor.GetOrCreate().on_pin(self)
+            watchdog = PinMonitor.GetIfCreated()
+            if watchdog is not None:
+                watchdog.on_pin(self)
         return True
 
     def unpin(self) -> bool:
@@ -188,7 +190,9 @@ class TensorMemoryObj(_Counted):
             self._meta.pin_count -= 1
             if self._meta.pin_count == 0:
                 type(self).monitor.update_pinned_memory_objs_count(-1)
-                PinMonitor.GetOrCreate().on_unpin(self)
+                watchdog = PinMonitor.GetIfCreated()
+                if watchdog is not None:
+                    watchdog.on_unpin(self)
         return True
 
     @property
