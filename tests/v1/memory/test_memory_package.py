@@ -30,6 +30,15 @@ _HOMES = {
     "attach_shared_buffer": "shm",
 }
 
+# Upstream's private host-buffer helpers, re-exported under upstream's names from
+# lmcache.v1.memory.host_buffers (upstream name -> our name).
+_HOST_BUFFER_HELPERS = {
+    "_allocate_cpu_memory": "allocate_cpu_memory",
+    "_free_cpu_memory": "free_cpu_memory",
+    "_read_hugepage_info": "read_hugepage_info",
+    "_get_cached_ubyte_array_type": "cached_ubyte_array_type",
+}
+
 _V1 = Path(compat.__file__).parent
 # Packages above the memory layer: memory must not import them.
 _ABOVE_MEMORY = (
@@ -48,8 +57,15 @@ def test_old_path_re_exports_the_new_object(name: str) -> None:
     assert name in compat.__all__
 
 
+@pytest.mark.parametrize("name", sorted(_HOST_BUFFER_HELPERS))
+def test_old_path_re_exports_upstreams_host_buffer_helpers(name: str) -> None:
+    home = importlib.import_module("lmcache.v1.memory.host_buffers")
+    assert getattr(compat, name) is getattr(home, _HOST_BUFFER_HELPERS[name])
+    assert name in compat.__all__
+
+
 def test_old_path_exports_nothing_else() -> None:
-    assert sorted(compat.__all__) == sorted(_HOMES)
+    assert sorted(compat.__all__) == sorted([*_HOMES, *_HOST_BUFFER_HELPERS])
 
 
 def _imported_modules(path: Path) -> set[str]:

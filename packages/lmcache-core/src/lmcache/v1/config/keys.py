@@ -89,6 +89,8 @@ IMPLEMENTED_KEYS: dict[str, str] = {
     "cache_policy": "L1 eviction policy",
     "storage_plugins": "storage plugin tiers to load",
     "extra_config": "options of tiers and plugins (local_cpu.*, local_disk.*, storage_plugin.*)",
+    "pin_timeout_sec": "PinMonitor.GetOrCreate(config): seconds an object may stay pinned",
+    "pin_check_interval_sec": "PinMonitor.GetOrCreate(config): seconds between its checks",
 }
 
 # Where a key that has no effect through this config is set instead.

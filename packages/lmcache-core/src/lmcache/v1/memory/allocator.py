@@ -7,7 +7,6 @@ views of its buffer; with shared memory the buffer is a POSIX segment made by
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from lmcache.v1.memory.base import HostBufferAllocator, MemoryObj, MemoryObjMetadata
+from lmcache.v1.memory.buddy import BuddySpace
 from lmcache.v1.memory.format import (
     DtypesArg,
     MemoryFormat,
@@ -40,40 +40,11 @@ class FreeBlock:
         return self.start + self.size == succ.start
 
 
-def _lowbit(x: int) -> int:
-    return x & -x
-
-
-def _floor_pow2(x: int) -> int:
-    return 1 << (x.bit_length() - 1)
-
-
-def _aligned_pieces(start: int, length: int) -> list[tuple[int, int]]:
-    """Split ``[start, start + length)`` into power-of-two blocks aligned to their size."""
-    pieces = []
-    pos, end = start, start + length
-    while pos < end:
-        size = _floor_pow2(end - pos)
-        if pos:
-            size = min(size, _lowbit(pos))
-        pieces.append((pos, size))
-        pos += size
-    return pieces
-
-
 class HostMemoryAllocator(HostBufferAllocator):
     """Buddy allocator over one preallocated host buffer, optionally POSIX shared memory.
 
-    Why buddy and not slabs: slabs need the chunk size up front and strand memory when
-    the mix of sizes changes (full chunks, partial last chunks, MLA vs. KV layouts, layer
-    keys), while buddy bookkeeping needs no size hint and coalesces every freed block with
-    its free buddy in O(log n), so freed neighbours always merge back into large blocks.
-    Two departures from textbook buddy keep it from wasting memory:
-      * no rounding to a power of two: an object occupies exactly its size rounded to
-        ``min_block_size``; it is freed as aligned power-of-two pieces, which the buddy
-        merge then coalesces with whatever is free around them;
-      * placement is first fit by address over runs of adjacent free blocks, so objects
-        of one size pack back to back instead of each claiming an aligned 2^k block.
+    Placement is :class:`~lmcache.v1.memory.buddy.BuddySpace` (first-fit buddy, no
+    power-of-two rounding) in units of ``min_block_size``.
     Internal waste is below ``min_block_size`` per object, and all free space coalesces
     back into one block when the objects are gone (``memcheck`` verifies the tiling).
     """
@@ -93,20 +64,14 @@ class HostMemoryAllocator(HostBufferAllocator):
         self._unit = min_block_size
         self._total_units = size // min_block_size
         self._size = self._total_units * min_block_size
-        self._max_order = self._total_units.bit_length() - 1
-        # Free blocks: start unit -> order, plus the starts in address order for first fit.
-        self._free_order: dict[int, int] = {}
-        self._free_starts: list[int] = []
+        self._space = BuddySpace(self._total_units)
         self._allocated: dict[int, int] = {}  # start unit -> length in units
-        self._used_units = 0
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self.counter_lock = threading.Lock()
         self.shm_name: str | None = None
         self._owned_segment: str | None = None
         self.buffer = self._make_buffer(use_shm or shm_name is not None, shm_name, pin_memory)
-        for start, length in _aligned_pieces(0, self._total_units):
-            self._insert_free(start, length.bit_length() - 1)
 
     def _make_buffer(self, use_shm: bool, shm_name: str | None, pin_memory: bool) -> torch.Tensor:
         if not use_shm:
@@ -133,51 +98,6 @@ class HostMemoryAllocator(HostBufferAllocator):
             pin_memory=bool(extra.get("local_cpu.pin_memory", False)),
         )
 
-    # -- buddy core (caller holds self._lock) ----------------------------------------------
-
-    def _take(self, units: int) -> int | None:
-        """First fit by address over runs of adjacent free blocks.
-
-        Taking the lowest run that fits, rather than the smallest aligned block of the
-        rounded-up order, packs same-sized chunks back to back: with plain buddy placement
-        every 192 KiB object would sit at a 256 KiB boundary and strand the gaps.
-        """
-        starts, orders = self._free_starts, self._free_order
-        run_start, run_end, first = -1, -1, 0
-        for i, start in enumerate(starts):
-            if start != run_end:
-                run_start, first = start, i
-            run_end = start + (1 << orders[start])
-            if run_end - run_start >= units:
-                break
-        else:
-            return None
-        for start in starts[first : i + 1]:
-            del orders[start]
-        del starts[first : i + 1]
-        end = run_start + units
-        for piece_start, piece_len in _aligned_pieces(end, run_end - end):
-            self._give(piece_start, piece_len.bit_length() - 1)
-        return run_start
-
-    def _insert_free(self, start: int, order: int) -> None:
-        self._free_order[start] = order
-        bisect.insort(self._free_starts, start)
-
-    def _remove_free(self, start: int) -> None:
-        del self._free_order[start]
-        del self._free_starts[bisect.bisect_left(self._free_starts, start)]
-
-    def _give(self, start: int, order: int) -> None:
-        while order < self._max_order:
-            buddy = start ^ (1 << order)
-            if self._free_order.get(buddy) != order:
-                break
-            self._remove_free(buddy)
-            start = min(start, buddy)
-            order += 1
-        self._insert_free(start, order)
-
     # -- public API -------------------------------------------------------------------------
 
     @property
@@ -186,7 +106,7 @@ class HostMemoryAllocator(HostBufferAllocator):
 
     @property
     def used_bytes(self) -> int:
-        return self._used_units * self._unit
+        return self._space.used_units * self._unit
 
     @property
     def num_allocated(self) -> int:
@@ -205,11 +125,10 @@ class HostMemoryAllocator(HostBufferAllocator):
         if units > self._total_units:
             return None
         with self._lock:
-            start = self._take(units)
+            start = self._space.take(units)
             if start is None:
                 return None
             self._allocated[start] = units
-            self._used_units += units
         multi = len(shape_list) > 1
         meta = MemoryObjMetadata(
             shape=shape_list[0],
@@ -230,9 +149,7 @@ class HostMemoryAllocator(HostBufferAllocator):
             if units is None:
                 logger.error("free of an object this allocator does not own (double free?)")
                 return
-            self._used_units -= units
-            for piece_start, piece_len in _aligned_pieces(start, units):
-                self._give(piece_start, piece_len.bit_length() - 1)
+            self._space.give(start, units)
             self._freed.notify_all()
         memory_obj.invalidate()
 
@@ -242,27 +159,12 @@ class HostMemoryAllocator(HostBufferAllocator):
 
     def largest_free_block(self) -> int:
         with self._lock:
-            return max(((1 << o) * self._unit for o in self._free_order.values()), default=0)
+            return self._space.largest_free_units() * self._unit
 
     def memcheck(self) -> bool:
         """Free blocks and live objects tile the buffer exactly, with no buddy left unmerged."""
         with self._lock:
-            if sorted(self._free_order) != self._free_starts:
-                return False
-            spans = list(self._allocated.items())
-            for s, order in self._free_order.items():
-                if s % (1 << order):
-                    return False
-                if order < self._max_order and self._free_order.get(s ^ (1 << order)) == order:
-                    return False
-                spans.append((s, 1 << order))
-            spans.sort()
-            pos = 0
-            for s, n in spans:
-                if s != pos:
-                    return False
-                pos += n
-            return pos == self._total_units
+            return self._space.is_consistent(self._allocated.items())
 
     def close(self) -> None:
         if self._allocated:

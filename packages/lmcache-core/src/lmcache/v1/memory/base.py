@@ -157,6 +157,11 @@ class MemoryObj(abc.ABC):
     def metadata(self) -> MemoryObjMetadata: ...
 
     @property
+    def meta(self) -> MemoryObjMetadata:
+        """Upstream's attribute name for :attr:`metadata`."""
+        return self.metadata
+
+    @property
     @abc.abstractmethod
     def tensor(self) -> torch.Tensor | None: ...
 

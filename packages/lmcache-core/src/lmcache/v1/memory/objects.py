@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from lmcache.observability import LMCStatsMonitor
 from lmcache.v1.memory.base import (
     HostBufferAllocator,
     MemoryAllocatorInterface,
@@ -21,6 +22,7 @@ from lmcache.v1.memory.base import (
     MemoryObjMetadata,
 )
 from lmcache.v1.memory.format import MemoryFormat, part_offsets, tensor_nbytes
+from lmcache.v1.pin_monitor import PinMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +120,16 @@ class _Counted(MemoryObj):
 
 
 class TensorMemoryObj(_Counted):
-    """A memory object viewing a byte range of an allocator's buffer (or its own tensor)."""
+    """A memory object viewing a byte range of an allocator's buffer (or its own tensor).
+
+    Every pin is reported to the process's :class:`~lmcache.v1.pin_monitor.PinMonitor`
+    when one was created (it force-unpins objects pinned too long) and the first pin / last unpin to
+    ``TensorMemoryObj.monitor`` (upstream's class-level stats monitor).
+    """
 
     __slots__ = ("_allocator", "_raw")
+    # Upstream's class attribute: the stats monitor pins are counted in.
+    monitor: ClassVar[LMCStatsMonitor] = LMCStatsMonitor.GetOrCreate()
 
     def __init__(
         self,
@@ -160,6 +169,37 @@ class TensorMemoryObj(_Counted):
         if self._allocator is not None:
             self._allocator.free(self)
 
+    def pin(self) -> bool:
+        # The monitor calls happen under the object's lock so a concurrent unpin cannot
+        # unregister the object before this pin registers it (the lock order is always
+        # object lock, then the monitor's).
+        with self._lock:
+            self._meta.pin_count += 1
+            if self._meta.pin_count == 1:
+                type(self).monitor.update_pinned_memory_objs_count(1)
+            watchdog = PinMonitor.GetIfCreated()
+            if watchdog is not None:
+                watchdog.on_pin(self)
+        return True
+
+    def unpin(self) -> bool:
+        with self._lock:
+            if self._meta.pin_count <= 0:
+                logger.warning("unpin of an unpinned memory object at %d", self._meta.address)
+                return False
+            self._meta.pin_count -= 1
+            if self._meta.pin_count == 0:
+                type(self).monitor.update_pinned_memory_objs_count(-1)
+                watchdog = PinMonitor.GetIfCreated()
+                if watchdog is not None:
+                    watchdog.on_unpin(self)
+        return True
+
+    @property
+    def _used_size_override(self) -> int | None:
+        """Upstream's name for the narrowed size set by :meth:`set_used_size` (or None)."""
+        return self._meta.used_size
+
     @property
     def raw_tensor(self) -> torch.Tensor:
         if self._raw is None:
@@ -181,10 +221,21 @@ class TensorMemoryObj(_Counted):
     def tensor(self) -> torch.Tensor | None:
         if not self._valid:
             return None
+        used = self._meta.used_size
+        if used is not None:
+            # A narrowed buffer holds fewer bytes than its layout: a flat uint8 view of the
+            # used bytes keeps tensor, get_size, byte_array and shm_byte_length in step.
+            return self.raw_tensor[:used]
         return self.get_tensor(0)
 
     @property
+    def shm_byte_length(self) -> int:
+        return self.get_size()
+
+    @property
     def byte_array(self) -> memoryview:
+        # A numpy view exports the bytes without creating a ctypes array type per call
+        # (upstream's ctypes version needs _get_cached_ubyte_array_type to not leak them).
         array: Any = self.raw_tensor[: self.get_size()].numpy()
         return memoryview(array).cast("B")
 
@@ -222,6 +273,11 @@ class BytesBufferMemoryObj(_Counted):
         self._lock = threading.Lock()
         self._valid = True
         self._l1_manager = None
+
+    def set_used_size(self, used_size: int) -> None:
+        """Checked but kept as is: the buffer's length is its used size (as upstream)."""
+        if used_size < 0 or used_size > self.get_physical_size():
+            raise ValueError(f"used size {used_size} outside [0, {self.get_physical_size()}]")
 
     @property
     def raw_tensor(self) -> torch.Tensor | None:
