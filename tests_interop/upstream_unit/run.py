@@ -113,9 +113,6 @@ IGNORED: dict[str, str] = {
     "tests/v1/platform/test_stream.py",
     "tests/v1/platform/test_ipc_wire.py": "its module imports upstream's gRPC transport "
     "(lmcache.v1.multiprocess.transport.grpc_impl); the MP server here speaks ZMQ only",
-    "tests/v1/test_memory_management.py": "upstream's in-process engine memory stack "
-    "(lmcache.v1.memory_allocators, pin_monitor, lmcache.observability), which lmcache-core "
-    "does not ship; ours is lmcache.v1.memory with its own suite",
     "tests/v1/multiprocess/http_apis/test_cache_api.py": _needs(
         "lmcache.v1.distributed",
         "lmcache.v1.multiprocess.cache_control",
