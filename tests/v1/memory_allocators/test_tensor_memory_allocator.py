@@ -115,3 +115,36 @@ def test_random_allocate_free_keeps_objects_disjoint(ops: list[tuple[bool, int]]
     for obj in live:
         assert obj.tensor is not None
         assert int(obj.tensor.min()) == int(obj.tensor.max())
+
+
+def test_init_address_space_limits_placement_until_extended() -> None:
+    buffer = torch.zeros(8 * UNIT, dtype=torch.uint8)
+    allocator = TensorMemoryAllocator(buffer, UNIT, 2 * UNIT)
+    assert allocator.capacity_bytes == 2 * UNIT
+    a = _alloc(allocator, 2 * UNIT)
+    assert a is not None and a.tensor is not None
+    a.tensor.fill_(5)
+    assert _alloc(allocator, UNIT) is None
+    # Partial units add up: two half-unit extensions make one usable unit.
+    assert allocator.extend_address_space(UNIT // 2) == 2 * UNIT + UNIT // 2
+    assert _alloc(allocator, UNIT) is None
+    assert allocator.extend_address_space(UNIT // 2) == 3 * UNIT
+    b = _alloc(allocator, UNIT)
+    assert b is not None and b.metadata.address == 2 * UNIT
+    # Never past the buffer; the object placed first did not move.
+    assert allocator.extend_address_space(100 * UNIT) == 8 * UNIT
+    assert a.metadata.address == 0 and bool((a.tensor == 5).all())
+    assert _alloc(allocator, 5 * UNIT) is not None
+    assert allocator.memcheck()
+
+
+@pytest.mark.parametrize("bad", [-1, 9 * UNIT, 100])
+def test_init_address_space_must_fit_the_buffer_and_hold_a_unit(bad: int) -> None:
+    with pytest.raises(ValueError):
+        TensorMemoryAllocator(torch.empty(8 * UNIT, dtype=torch.uint8), UNIT, bad)
+
+
+def test_extend_address_space_refuses_negative_sizes() -> None:
+    allocator = TensorMemoryAllocator(torch.empty(8 * UNIT, dtype=torch.uint8), UNIT, UNIT)
+    with pytest.raises(ValueError):
+        allocator.extend_address_space(-UNIT)

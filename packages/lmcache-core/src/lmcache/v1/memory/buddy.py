@@ -98,6 +98,23 @@ class BuddySpace:
         for piece_start, piece_len in aligned_pieces(start, units):
             self._merge_in(piece_start, piece_len.bit_length() - 1)
 
+    def grow(self, total_units: int) -> None:
+        """Extend the space to ``total_units`` units; the new units at the end are free.
+
+        Runs already handed out keep their starts (nothing moves), and the new units merge
+        with any free block they are the buddy of.  Shrinking is refused (ValueError).
+        """
+        if total_units < self.total_units:
+            raise ValueError(
+                f"a buddy space cannot shrink ({self.total_units} -> {total_units} units)"
+            )
+        old_total = self.total_units
+        self.total_units = total_units
+        # Raise the merge cap first so that old blocks can pair with the new units.
+        self._max_order = total_units.bit_length() - 1
+        for start, length in aligned_pieces(old_total, total_units - old_total):
+            self._merge_in(start, length.bit_length() - 1)
+
     @property
     def free_units(self) -> int:
         return self.total_units - self.used_units

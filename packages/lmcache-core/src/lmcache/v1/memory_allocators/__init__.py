@@ -9,9 +9,11 @@ Modules keep upstream's names:
   * ``host_memory_allocator``, ``pin_memory_allocator``, ``gpu_memory_allocator`` and
     ``mixed_memory_allocator`` -- allocators that make their own buffer (pageable host,
     pinned host, device, pinned host plus byte buffers) and place objects with one of the
-    two above (``use_paging``).
+    two above (``use_paging``);
+  * ``lazy_memory_allocator`` -- :class:`LazyMemoryAllocator`, a host buffer reserved at
+    its final size whose usable prefix grows as a background thread page-locks it.
 
-Upstream's lazy, ad-hoc, devdax, cuFile/hipFile and paged CPU-GPU allocators are not
+Upstream's ad-hoc, devdax, cuFile/hipFile and paged CPU-GPU allocators are not
 provided.  ``lmcache.v1.memory.allocator.HostMemoryAllocator`` (the L1 tier's shared-memory
 allocator) is a different class from upstream's ``host_memory_allocator.HostMemoryAllocator``
 here; both exist under their own module paths.

@@ -10,7 +10,9 @@ layer's buddy core (:class:`~lmcache.v1.memory.buddy.BuddySpace`) in units of
     stale handle freed twice cannot release a block that was handed out again since;
   * ``parent_allocator`` (keyword) names the allocator the objects report as ``parent()``
     and free themselves through, so a wrapper that owns this allocator sees every free;
-  * there is no ``init_address_space`` (upstream's lazy allocator is not provided).
+  * ``init_address_space`` (bytes) limits placement to a prefix of the buffer, as
+    upstream; the prefix grows with :meth:`TensorMemoryAllocator.extend_address_space`
+    (upstream's ``address_manager.sbrk``; there is no separate address manager).
 """
 
 from __future__ import annotations
@@ -65,17 +67,27 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
         self,
         tensor: torch.Tensor,
         align_bytes: int = ALIGN_BYTES,
+        init_address_space: int | None = None,
         *,
         parent_allocator: MemoryAllocatorInterface | None = None,
     ) -> None:
+        """``init_address_space``: bytes of the buffer's start that objects may use at
+        first (default: all of it); see :meth:`extend_address_space`."""
         if align_bytes <= 0 or align_bytes & (align_bytes - 1):
             raise ValueError(f"align_bytes must be a positive power of two, got {align_bytes}")
         self.buffer = flat_bytes(tensor)
         self.align_bytes = align_bytes
-        units = self.buffer.numel() // align_bytes
+        space = self.buffer.numel() if init_address_space is None else init_address_space
+        if not 0 <= space <= self.buffer.numel():
+            raise ValueError(
+                f"init_address_space must be within the buffer's {self.buffer.numel()} bytes,"
+                f" got {space}"
+            )
+        self._space_bytes = space
+        units = space // align_bytes
         if units == 0:
             raise ValueError(
-                f"buffer of {self.buffer.numel()} bytes is smaller than one {align_bytes}-byte unit"
+                f"address space of {space} bytes is smaller than one {align_bytes}-byte unit"
             )
         # A tail shorter than one unit is never handed out.
         self._space = BuddySpace(units)
@@ -88,6 +100,20 @@ class TensorMemoryAllocator(MemoryAllocatorInterface):
     def total_allocated_size(self) -> int:
         """Bytes handed out (whole units)."""
         return self._space.used_units * self.align_bytes
+
+    def extend_address_space(self, nbytes: int) -> int:
+        """Let objects use ``nbytes`` more of the buffer (upstream's ``sbrk``).
+
+        The address space never grows past the buffer; objects use whole units of it, and
+        objects already handed out stay where they are.  Returns the address space in
+        bytes afterwards.
+        """
+        if nbytes < 0:
+            raise ValueError(f"cannot extend the address space by {nbytes} bytes")
+        with self._lock:
+            self._space_bytes = min(self._space_bytes + nbytes, self.buffer.numel())
+            self._space.grow(self._space_bytes // self.align_bytes)
+            return self._space_bytes
 
     @property
     def num_active_allocations(self) -> int:
