@@ -31,7 +31,6 @@ NOT_DESCRIBABLE = {
     F.NL_X_NB_NH_BS_CS,
     F.NL_X_NB_BS_NH_CS,
     F.NL_X_NB_BSV_BSS,
-    F.NL_X_NP_X_NB_BS_ONE_HS,
 }
 
 

@@ -11,13 +11,13 @@ upstream's module: the in-process connector checks (they take upstream's
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Hashable, Sequence
 
 import torch
 
 from lmcache.utils import EngineType
 from lmcache.v1.gpu_connector.kv_format import (
+    concrete_shape,
     describe_shape,
     detect_format,
     extract_kv_cache_shapes,
@@ -86,11 +86,6 @@ def get_concrete_engine_kv_shape(kv_caches: DiscoverableKVCache, engine_kv_forma
         return f"Unknown ({engine_kv_format})"
 
 
-# A size label of a shape template: a word that is not a number and not the "x" between
-# a list and its item ("BSxVALS" is one label).
-_SHAPE_LABEL = re.compile(r"\b(?!x\b)[A-Za-z]\w*\b")
-
-
 def get_concrete_engine_kv_shape_from_shape_desc(
     shape_desc: PageBufferShapeDesc, engine_kv_format: Fmt
 ) -> str:
@@ -99,7 +94,7 @@ def get_concrete_engine_kv_shape_from_shape_desc(
     Group-accurate where :func:`get_concrete_engine_kv_shape` is not: ``NL`` is the
     group's layer count, so each group of a hybrid model reports its own shape. A fused
     ``NB*BS`` axis (``PBS``) reads ``nb * bs``. Formats whose shape names a size the
-    descriptor does not hold (``CS``, ``NP``, ...) give ``Unknown (<format>)``.
+    descriptor does not hold (``CS``, ``BSxVALS``, ...) give ``Unknown (<format>)``.
     """
     sizes = {
         "NL": shape_desc.nl,
@@ -109,12 +104,10 @@ def get_concrete_engine_kv_shape_from_shape_desc(
         "HS": shape_desc.hs,
         "PBS": shape_desc.nb * shape_desc.bs,
     }
-    template = get_engine_kv_shape_description(engine_kv_format)
-    if template.startswith("Unknown") or any(
-        label not in sizes for label in _SHAPE_LABEL.findall(template)
-    ):
+    try:
+        return concrete_shape(engine_kv_format, lambda label: sizes[label])
+    except (KeyError, ValueError):
         return f"Unknown ({engine_kv_format})"
-    return _SHAPE_LABEL.sub(lambda match: str(sizes[match.group()]), template)
 
 
 def get_num_layers(kv_caches: DiscoverableKVCache, engine_kv_format: Fmt) -> int:
@@ -379,7 +372,7 @@ def make_page_buffer_shape_desc(
         nl=num_layers_in_group,
         nb=num_blocks,
         bs=block_size,
-        nh=1 if format_spec(engine_kv_format).mla else spec.num_heads(layer_idx),
+        nh=1 if spec.is_mla else spec.num_heads(layer_idx),
         hs=spec.head_size(layer_idx),
         element_size=dtype.itemsize,
         block_stride_elems=int(block_stride_elems) if block_stride_elems else 0,
