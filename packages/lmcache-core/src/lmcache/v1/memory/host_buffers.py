@@ -30,8 +30,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "HUGEPAGE_SIZE",
+    "align_to",
     "allocate_cpu_memory",
     "cached_ubyte_array_type",
+    "cuda_status",
     "free_cpu_memory",
     "read_hugepage_info",
 ]
@@ -41,6 +43,16 @@ HUGEPAGE_SIZE = 2 * 1024 * 1024
 _HUGEPAGE_SYSFS = "/sys/kernel/mm/hugepages/hugepages-2048kB"
 # Linux's MAP_HUGETLB (the mmap module does not export it).
 _MAP_HUGETLB = 0x40000
+
+
+def align_to(size: int, align_size: int) -> int:
+    """``size`` rounded up to a multiple of ``align_size``."""
+    return -(-size // align_size) * align_size
+
+
+def cuda_status(status: Any) -> int:
+    """A ``torch.cuda.cudart()`` call's result as an int error code (0: success)."""
+    return int(getattr(status, "value", status))
 
 
 @cache
@@ -95,7 +107,7 @@ def allocate_cpu_memory(
 
 
 def _allocate_hugepages(size: int) -> torch.Tensor:
-    mapped = -(-size // HUGEPAGE_SIZE) * HUGEPAGE_SIZE
+    mapped = align_to(size, HUGEPAGE_SIZE)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_HUGETLB
     try:
         region = mmap.mmap(-1, mapped, flags=flags)
@@ -118,7 +130,7 @@ def _pool_summary() -> str:
 
 
 def _check_cuda(status: Any) -> None:
-    code = int(getattr(status, "value", status))
+    code = cuda_status(status)
     if code != 0:
         raise RuntimeError(f"CUDA host (un)registration failed with error {code}")
 

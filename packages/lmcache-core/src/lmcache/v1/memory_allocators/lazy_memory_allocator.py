@@ -33,16 +33,13 @@ import torch
 
 from lmcache.v1.memory.base import MemoryAllocatorInterface, MemoryObj
 from lmcache.v1.memory.format import DtypesArg, MemoryFormat, ShapesArg
+from lmcache.v1.memory.host_buffers import align_to, cuda_status
 from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
 
 logger = logging.getLogger(__name__)
 
+# align_to stays importable from here, upstream's module.
 __all__ = ["LazyMemoryAllocator", "align_to"]
-
-
-def align_to(size: int, align_size: int) -> int:
-    """``size`` rounded up to a multiple of ``align_size`` (a power of two)."""
-    return -(-size // align_size) * align_size
 
 
 def _aligned_host_buffer(size: int, align_bytes: int) -> torch.Tensor:
@@ -57,10 +54,6 @@ def _aligned_host_buffer(size: int, align_bytes: int) -> torch.Tensor:
     if buffer.data_ptr() % align_bytes:
         raise RuntimeError(f"could not align a host buffer to {align_bytes} bytes")
     return buffer
-
-
-def _cuda_status(status: Any) -> int:
-    return int(getattr(status, "value", status))
 
 
 class LazyMemoryAllocator(MemoryAllocatorInterface):
@@ -194,7 +187,7 @@ class LazyMemoryAllocator(MemoryAllocatorInterface):
         if self._registered:
             torch.cuda.synchronize()
             for ptr in self._registered:
-                status = _cuda_status(torch.cuda.cudart().cudaHostUnregister(ptr))
+                status = cuda_status(torch.cuda.cudart().cudaHostUnregister(ptr))
                 if status:
                     logger.warning("cudaHostUnregister(%#x) failed with error %d", ptr, status)
             self._registered.clear()
@@ -210,7 +203,7 @@ class LazyMemoryAllocator(MemoryAllocatorInterface):
         if not self._use_cuda or size == 0:
             return
         ptr = self._buffer.data_ptr() + offset
-        status = _cuda_status(torch.cuda.cudart().cudaHostRegister(ptr, size, 0))
+        status = cuda_status(torch.cuda.cudart().cudaHostRegister(ptr, size, 0))
         if status:
             logger.warning(
                 "cudaHostRegister of %d bytes at %#x failed with error %d; copies from "
