@@ -244,6 +244,14 @@ def test_run_script_imports_only_what_is_allowed() -> None:
     assert no_open.status_code == 500 and "open" in no_open.text
 
 
+def test_run_script_that_exits_is_an_error_reply_not_a_dead_frontend() -> None:
+    config = MPServerConfig(run_script_api_enabled=True, script_allowed_imports=["sys"])
+    client = _client(configs={"mp": config})
+    exited = _script(client, b"import sys\nsys.exit(3)")
+    assert exited.status_code == 500 and "SystemExit(3)" in exited.text
+    assert _script(client, b"result = 'still serving'").text == "still serving"
+
+
 def test_run_script_refusals_come_before_execution() -> None:
     guarded = _client(authorize=_refuse_all, **ENABLED)
     assert _script(guarded, b"app.state.ran = True").status_code == 401

@@ -6,8 +6,8 @@ answers 404 saying so.  When the app has an admin token the request must carry i
 script is the multipart file field ``script`` (at most :data:`MAX_SCRIPT_BYTES`); it sees
 ``app`` (the FastAPI application, whose ``state`` holds the server), a few builtins, and
 may import only the modules of ``script_allowed_imports``.  Its ``result`` variable is the
-reply text (default ``Script executed successfully``); an exception is a 500 with its
-message.  The restricted builtins are not a security boundary: enable it only where every
+reply text (default ``Script executed successfully``); an exception (``sys.exit()``
+included) is a 500 with its message.  The restricted builtins are not a security boundary: enable it only where every
 caller is trusted.  Each run is logged at WARNING level, for the audit trail.
 """
 
@@ -73,7 +73,14 @@ def _execute(source: bytes, app: Any, allowed: dict[str, ModuleType]) -> str:
         "app": app,
     }
     script_locals: dict[str, Any] = {}
-    exec(compile(source, "<run_script>", "exec"), script_globals, script_locals)
+    try:
+        exec(compile(source, "<run_script>", "exec"), script_globals, script_locals)
+    except Exception:
+        raise
+    except BaseException as exc:
+        # sys.exit() or a KeyboardInterrupt raised by the script must end the script, not
+        # the request machinery (or the server's HTTP thread) around it.
+        raise RuntimeError(f"the script raised {type(exc).__name__}({exc})") from None
     return str(script_locals.get("result", DEFAULT_RESULT))
 
 
