@@ -7,8 +7,9 @@ script is the multipart file field ``script`` (at most :data:`MAX_SCRIPT_BYTES`)
 ``app`` (the FastAPI application, whose ``state`` holds the server), a few builtins, and
 may import only the modules of ``script_allowed_imports``.  Its ``result`` variable is the
 reply text (default ``Script executed successfully``); an exception (``sys.exit()``
-included) is a 500 with its message.  The restricted builtins are not a security boundary: enable it only where every
-caller is trusted.  Each run is logged at WARNING level, for the audit trail.
+included) is a 500 with its message.  The restricted builtins are not a security
+boundary: enable it only where every caller is trusted.  Each run is logged at WARNING
+level, for the audit trail.
 """
 
 from __future__ import annotations
