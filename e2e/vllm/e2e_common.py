@@ -97,3 +97,29 @@ def server_stats(port: int) -> dict[str, Any]:
 
     with MPClient(f"tcp://127.0.0.1:{port}", timeout=10) as client:
         return dict(msgspec.structs.asdict(client.get_stats()))
+
+
+MAX_TOKENS = 12
+BLOCK_SIZE = 32
+
+
+def make_llm(model: str, kv_transfer: dict[str, Any] | None, **overrides: Any) -> Any:
+    """The e2e ``vllm.LLM`` (tiny model, no prefix caching); ``overrides`` replace or add
+    engine arguments."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "dtype": "float32",
+        "block_size": BLOCK_SIZE,
+        "max_model_len": 2048,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 2048,
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "seed": 0,
+    }
+    if kv_transfer is not None:
+        kwargs["kv_transfer_config"] = KVTransferConfig(**kv_transfer)
+    return LLM(**{**kwargs, **overrides})

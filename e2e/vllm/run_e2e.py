@@ -32,39 +32,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from e2e_common import (  # noqa: E402
+    BLOCK_SIZE,
     LONG_PROMPT_WORDS,
+    MAX_TOKENS,
     connector_config,
     free_port,
+    make_llm,
     server_stats,
     start_server,
     stop_server,
 )
 from tiny_model import build  # noqa: E402
-
-MAX_TOKENS = 12
-BLOCK_SIZE = 32
-
-
-def make_llm(model: str, kv_transfer: dict[str, Any] | None, **overrides: Any) -> Any:
-    """The e2e ``vllm.LLM`` (tiny model, no prefix caching); ``overrides`` replace or add
-    engine arguments."""
-    from vllm import LLM
-    from vllm.config import KVTransferConfig
-
-    kwargs: dict[str, Any] = {
-        "model": model,
-        "dtype": "float32",
-        "block_size": BLOCK_SIZE,
-        "max_model_len": 2048,
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 2048,
-        "enable_prefix_caching": False,
-        "enforce_eager": True,
-        "seed": 0,
-    }
-    if kv_transfer is not None:
-        kwargs["kv_transfer_config"] = KVTransferConfig(**kv_transfer)
-    return LLM(**{**kwargs, **overrides})
 
 
 def generate(llm: Any, prompt: str) -> tuple[list[int], float, int]:

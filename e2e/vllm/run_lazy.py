@@ -25,6 +25,7 @@ from e2e_common import (
     LONG_PROMPT_WORDS,
     connector_config,
     free_port,
+    make_llm,
     server_stats,
     start_server,
     stop_server,
@@ -44,7 +45,6 @@ def lazy_prompts() -> list[str]:
 
 
 def make_lazy_llm(model: str, port: int) -> Any:
-    from run_e2e import make_llm
 
     kv = connector_config(port, MODE)
     kv["kv_connector_extra_config"]["lmcache.mp.lazy_offload"] = "true"

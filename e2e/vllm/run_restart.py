@@ -35,13 +35,14 @@ sys.path.insert(0, str(HERE))
 
 from e2e_common import (  # noqa: E402
     LONG_PROMPT_WORDS,
+    MAX_TOKENS,
     connector_config,
     free_port,
+    make_llm,
     server_stats,
     start_server,
     stop_server,
 )
-from run_e2e import MAX_TOKENS, make_llm  # noqa: E402
 from tiny_model import build  # noqa: E402
 
 MODE = "engine_driven"

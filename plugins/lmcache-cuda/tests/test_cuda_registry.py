@@ -196,12 +196,12 @@ def test_logging_uses_module_loggers() -> None:
 def test_upstream_import_paths_resolve_to_this_plugins_classes() -> None:
     # Upstream 0.5.6 code and tests import these from its core; lmcache-core's thin modules
     # must hand out exactly this wheel's classes, not copies or wrappers.
-    from lmcache.v1.platform.devices.cuda import CudaDeviceSpec
-    from lmcache.v1.platform.devices.cuda.device_ops import CudaDeviceOps
-    from lmcache.v1.platform.devices.cuda.ipc_wrapper import CudaIPCWrapper
-    from lmcache.v1.platform.devices.cuda.pin_memory import CudaPinMemoryBackend
-    from lmcache.v1.platform.devices.rocm import RocmDeviceSpec
-    from lmcache.v1.platform.devices.rocm.pin_memory import RocmPinMemoryBackend
+    from lmcache.compat.upstream_056.devices.cuda import CudaDeviceSpec
+    from lmcache.compat.upstream_056.devices.cuda.device_ops import CudaDeviceOps
+    from lmcache.compat.upstream_056.devices.cuda.ipc_wrapper import CudaIPCWrapper
+    from lmcache.compat.upstream_056.devices.cuda.pin_memory import CudaPinMemoryBackend
+    from lmcache.compat.upstream_056.devices.rocm import RocmDeviceSpec
+    from lmcache.compat.upstream_056.devices.rocm.pin_memory import RocmPinMemoryBackend
     from lmcache_cuda import device, device_ops, ipc_wrapper, pin_memory
 
     assert CudaDeviceSpec is device.CudaDeviceSpec

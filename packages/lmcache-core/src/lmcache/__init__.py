@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmcache.compat import paths as _compat_paths
+
 __version__ = "0.1.0"
+
+# Upstream 0.5.6's import paths and our own moved ones (one table: lmcache.compat.paths).
+_compat_paths.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
+from lmcache.v1.platform.kernel_kit.views import PagedLayout, paged_layout_from_tensors
 from lmcache.v1.platform.kv_formats import KVFormatSpec, format_spec
 from lmcache.v1.platform.kv_layout import KVLayout
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
-from lmcache.v1.platform.torch_ops.plan import PagedLayout, paged_layout_from_tensors
 
 if TYPE_CHECKING:
     from lmcache.v1.platform.base.streams import IPCEvent

@@ -61,7 +61,7 @@ class RuntimePinMemoryBackend(PinMemoryBackend):
                 return _native if _native.device_count() > 0 else None
             except ImportError:
                 pass
-        from lmcache.v1.platform.torch_ops.utils import device_runtime
+        from lmcache.v1.platform.kernel_kit.runtime import device_runtime
 
         lib = device_runtime()
         if lib is None or not hasattr(lib, f"{self.symbol_prefix}HostRegister"):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from lmcache.v1.multiprocess.client import MPClient, ServerUnavailableError
+from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from lmcache.cli import commands
 from lmcache.logging import init_logger
-from lmcache.v1.multiprocess.config import log_level
+from lmcache.v1.multiprocess.server_config import log_level
 
 logger = logging.getLogger(__name__)
 

@@ -6,10 +6,8 @@ public name it had is re-exported from its new home:
 (the object and allocator contracts), :mod:`~lmcache.v1.memory.objects` (concrete
 objects), :mod:`~lmcache.v1.memory.allocator` (the host allocator) and
 :mod:`~lmcache.v1.memory.shm` (its shared-memory segment).  Upstream's private host-buffer
-helpers (``_allocate_cpu_memory``, ``_free_cpu_memory``, ``_read_hugepage_info``,
-``_get_cached_ubyte_array_type``) come from :mod:`~lmcache.v1.memory.host_buffers` under
-their upstream names.  Upstream's allocators over one buffer live in
-:mod:`lmcache.v1.memory_allocators`, as upstream.
+helpers (``_allocate_cpu_memory`` and three more) are added to this module by the
+compatibility layer (``lmcache.compat.paths.UPSTREAM_EXTRAS``); this file never imports it.
 """
 
 from lmcache.v1.memory.allocator import FreeBlock, HostMemoryAllocator
@@ -23,10 +21,6 @@ from lmcache.v1.memory.format import (
     part_offsets,
     tensor_nbytes,
 )
-from lmcache.v1.memory.host_buffers import allocate_cpu_memory as _allocate_cpu_memory
-from lmcache.v1.memory.host_buffers import cached_ubyte_array_type as _get_cached_ubyte_array_type
-from lmcache.v1.memory.host_buffers import free_cpu_memory as _free_cpu_memory
-from lmcache.v1.memory.host_buffers import read_hugepage_info as _read_hugepage_info
 from lmcache.v1.memory.objects import BytesBufferMemoryObj, TensorMemoryObj
 from lmcache.v1.memory.shm import SHM_DIR, attach_shared_buffer
 
@@ -47,8 +41,4 @@ __all__ = [
     "normalize_shapes_dtypes",
     "part_offsets",
     "tensor_nbytes",
-    "_allocate_cpu_memory",
-    "_free_cpu_memory",
-    "_get_cached_ubyte_array_type",
-    "_read_hugepage_info",
 ]

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import torch
 
-from lmcache.v1.multiprocess.config import positive_int, tcp_port
+from lmcache.v1.multiprocess.server_config import positive_int, tcp_port
 from lmcache.v1.multiprocess.worker.client import (
     DEFAULT_URL,
     MPClient,

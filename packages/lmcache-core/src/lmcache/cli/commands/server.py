@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lmcache.v1.multiprocess.config import (
+from lmcache.v1.multiprocess.server.extensions import (
+    add_extension_arguments,
+    check_extension_settings,
+)
+from lmcache.v1.multiprocess.server_config import (
     MPServerConfig,
-    add_coordinator_args,
     add_mp_server_args,
-    add_p2p_args,
     apply_config_file,
     config_from_args,
     load_config_file,
     log_level,
-    parse_args_to_coordinator_config,
 )
 
 # Flags a config file may not set: they choose the file, or belong to the CLI itself.
@@ -37,9 +38,9 @@ def register(subparsers: Any) -> None:
         "server", help="Launch the LMCache MP cache server.", description=__doc__
     )
     add_mp_server_args(parser)
-    # Upstream's flags for features this server lacks: accepted, and logged as ignored.
-    add_p2p_args(parser)
-    add_coordinator_args(parser)
+    # Server extensions' flags (lmcache-core's own: upstream's settings for features this
+    # server lacks, accepted and logged as ignored).
+    add_extension_arguments(parser)
     parser.add_argument(
         "--config",
         default=None,
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.server_log_level:
         init_logger(args.server_log_level)
     config = resolve_config(args)
-    coordinator = parse_args_to_coordinator_config(args)
+    check_extension_settings(args)
 
     def announce(server: MPServer) -> None:
         stats = server.engine.get_stats()
@@ -89,4 +90,4 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    return run_server(config, ready=announce, coordinator=coordinator)
+    return run_server(config, ready=announce)

@@ -3,7 +3,7 @@
 :class:`BuddySpace` knows nothing of buffers, tensors or objects; it hands out and takes
 back runs of ``units`` inside ``[0, total_units)``.  The host allocator
 (:mod:`lmcache.v1.memory.allocator`) and upstream's ``TensorMemoryAllocator`` over a
-caller's buffer (:mod:`lmcache.v1.memory_allocators.tensor_memory_allocator`) both place
+caller's buffer (``lmcache.compat.upstream_056.memory_allocators``) both place
 their objects with it, so there is one allocation algorithm in the memory layer.
 
 Not thread-safe: each owner holds its own lock around every call.

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from lmcache.observability import LMCStatsMonitor
 from lmcache.v1.memory.base import (
     HostBufferAllocator,
     MemoryAllocatorInterface,
@@ -22,7 +21,7 @@ from lmcache.v1.memory.base import (
     MemoryObjMetadata,
 )
 from lmcache.v1.memory.format import MemoryFormat, part_offsets, tensor_nbytes
-from lmcache.v1.pin_monitor import PinMonitor
+from lmcache.v1.memory.pin_hooks import PIN_HOOKS
 
 logger = logging.getLogger(__name__)
 
@@ -122,14 +121,11 @@ class _Counted(MemoryObj):
 class TensorMemoryObj(_Counted):
     """A memory object viewing a byte range of an allocator's buffer (or its own tensor).
 
-    Every pin is reported to the process's :class:`~lmcache.v1.pin_monitor.PinMonitor`
-    when one was created (it force-unpins objects pinned too long) and the first pin / last unpin to
-    ``TensorMemoryObj.monitor`` (upstream's class-level stats monitor).
+    Every pin and unpin is reported to the process's pin observers
+    (:data:`lmcache.v1.memory.pin_hooks.PIN_HOOKS`).
     """
 
     __slots__ = ("_allocator", "_raw")
-    # Upstream's class attribute: the stats monitor pins are counted in.
-    monitor: ClassVar[LMCStatsMonitor] = LMCStatsMonitor.GetOrCreate()
 
     def __init__(
         self,
@@ -170,16 +166,11 @@ class TensorMemoryObj(_Counted):
             self._allocator.free(self)
 
     def pin(self) -> bool:
-        # The monitor calls happen under the object's lock so a concurrent unpin cannot
-        # unregister the object before this pin registers it (the lock order is always
-        # object lock, then the monitor's).
+        # Observers run under the object's lock so a concurrent unpin cannot reach them
+        # before this pin does (the lock order is always object lock, then theirs).
         with self._lock:
             self._meta.pin_count += 1
-            if self._meta.pin_count == 1:
-                type(self).monitor.update_pinned_memory_objs_count(1)
-            watchdog = PinMonitor.GetIfCreated()
-            if watchdog is not None:
-                watchdog.on_pin(self)
+            PIN_HOOKS.pinned(self, self._meta.pin_count)
         return True
 
     def unpin(self) -> bool:
@@ -188,11 +179,7 @@ class TensorMemoryObj(_Counted):
                 logger.warning("unpin of an unpinned memory object at %d", self._meta.address)
                 return False
             self._meta.pin_count -= 1
-            if self._meta.pin_count == 0:
-                type(self).monitor.update_pinned_memory_objs_count(-1)
-                watchdog = PinMonitor.GetIfCreated()
-                if watchdog is not None:
-                    watchdog.on_unpin(self)
+            PIN_HOOKS.unpinned(self, self._meta.pin_count)
         return True
 
     @property

@@ -9,7 +9,7 @@ shape by :func:`as_nhd_view`.  A chunk object is ``[2, NL, T, NH*HS]``
 
 This module sits in the platform layer (cache contexts need it) and so knows nothing of
 memory objects: the ``MemoryFormat`` of a chunk is
-:func:`lmcache.v1.multiprocess.kv_layout.chunk_memory_format`.
+:func:`lmcache.v1.multiprocess.server.kv_layout.chunk_memory_format`.
 """
 
 from __future__ import annotations

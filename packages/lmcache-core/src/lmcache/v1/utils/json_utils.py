@@ -1,7 +1,7 @@
 """Upstream LMCache 0.5.6's ``lmcache.v1.utils.json_utils``: turn configuration values
 (dataclasses holding paths, enums, nested containers) into plain JSON values.
 
-Used by the ``GET /config`` route (:mod:`lmcache.v1.multiprocess.http_apis.config_api`).
+Used by the ``GET /config`` route (:mod:`lmcache.compat.upstream_056.http_apis.config_api`).
 """
 
 from __future__ import annotations

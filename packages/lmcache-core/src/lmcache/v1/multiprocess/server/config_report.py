@@ -147,9 +147,9 @@ def _storage_config(storage: StorageManager, server_config: Any) -> dict[str, An
 def server_configs(engine: Any) -> dict[str, Any]:
     """The ``GET /config`` document of a running cache server (redacted, JSON-safe).
 
-    ``mp``: the ``lmcache server`` flags (:class:`~lmcache.v1.multiprocess.config.MPServerConfig`,
-    present when the server was built from one), with the ``--l2-adapter`` values as
-    objects; ``server``: the settings the server runs with; ``storage_manager``: its tiers.
+    ``mp``: the ``lmcache server`` flags (:class:`.server_config.MPServerConfig`, present
+    when the server was built from one), with the ``--l2-adapter`` values as objects;
+    ``server``: the settings the server runs with; ``storage_manager``: its tiers.
     """
     server_config = getattr(engine, "server_config", None)
     configs: dict[str, Any] = {}

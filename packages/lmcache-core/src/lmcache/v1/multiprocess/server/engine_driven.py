@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
 from lmcache.v1.multiprocess.server.inline_codec import (
     encode_inline,
     fill_frames,
     fill_inline,
     pinned_frames,
 )
+from lmcache.v1.multiprocess.server.kv_layout import KVLayout, dtype_name
 from lmcache.v1.multiprocess.server.pending import Pending
 from lmcache.v1.multiprocess.server.state import Worker
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry

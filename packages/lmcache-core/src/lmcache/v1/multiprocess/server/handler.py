@@ -31,7 +31,7 @@ from lmcache.v1.platform.cache_context import DeviceSpecLookup
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 if TYPE_CHECKING:
-    from lmcache.v1.multiprocess.config import MPServerConfig
+    from lmcache.v1.multiprocess.server_config import MPServerConfig
 
 
 class MPCacheServer(LMCacheDrivenOps, EngineDrivenOps, AdminOps, WorkerRegistry, LookupOps):

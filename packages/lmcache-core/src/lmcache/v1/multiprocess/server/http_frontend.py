@@ -8,7 +8,7 @@ configuration, secrets redacted, indented JSON), ``GET /config/adapters`` (its L
 configured it needs ``Authorization: Bearer <token>``).  Every error of these is a JSON
 object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
 
-The operator routes of :mod:`lmcache.v1.internal_api_server.common` are mounted too:
+The operator routes of :mod:`lmcache.v1.multiprocess.server.operator_routes` are mounted too:
 ``GET /env`` (secrets redacted), ``GET /loglevel`` (setting a level), ``GET /threads``,
 ``GET /periodic-threads[/{name}]``, ``GET /periodic-threads-health`` and ``POST
 /run_script`` (only with ``--run-script-api-enabled``); with an admin token configured,
@@ -34,16 +34,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from lmcache.v1.internal_api_server.common import (
+from lmcache.v1.multiprocess.server.config_report import list_l2_adapters, server_configs
+from lmcache.v1.multiprocess.server.extensions import extension_http_routers
+from lmcache.v1.multiprocess.server.handler import MPCacheServer
+from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
+from lmcache.v1.multiprocess.server.operator_routes import (
     env_api,
     loglevel_api,
-    periodic_thread_api,
     run_script_api,
     thread_api,
 )
-from lmcache.v1.multiprocess.server.config_report import list_l2_adapters, server_configs
-from lmcache.v1.multiprocess.server.handler import MPCacheServer
-from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.wire.security import TokenCheck, http_reach, warn_if_exposed
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,6 @@ _OPERATOR_ROUTERS = (
     env_api.router,
     loglevel_api.router,
     thread_api.router,
-    periodic_thread_api.router,
     run_script_api.router,
 )
 _STOP_TIMEOUT_S = 5.0
@@ -111,7 +110,7 @@ async def clear_cache_reply(
     """The ``POST /cache/clear`` answer: 403 unless enabled, 401 without the admin token
     (when one is configured), 400 for a body other than ``{"force": <bool>}``; otherwise
     removes every L1 object (``force`` also the pinned ones).  Shared with the
-    upstream-shaped routes in :mod:`lmcache.v1.multiprocess.http_apis`."""
+    upstream-shaped routes in :mod:`lmcache.compat.upstream_056.http_apis`."""
     if not allow_cache_clear:
         return _error(
             403, "forbidden", "cache clearing over HTTP is off (--enable-http-cache-clear)"
@@ -193,10 +192,10 @@ def build_app(
     async def cache_clear(request: Request, force: bool = False) -> Any:
         return await clear_cache_reply(engine, request, allow_cache_clear, force)
 
-    # What the operator routes read (lmcache.v1.internal_api_server.common.access).
+    # What the operator routes read (operator_routes.access).
     app.state.configs = {} if engine.server_config is None else {"mp": engine.server_config}
     app.state.authorize = lambda request: _unauthorized(engine, request)
-    for router in _OPERATOR_ROUTERS:
+    for router in (*_OPERATOR_ROUTERS, *extension_http_routers()):
         app.include_router(router)
     return app
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.kv_layout import KVLayout, dtype_name
+from lmcache.v1.multiprocess.server.kv_layout import KVLayout, dtype_name
 from lmcache.v1.multiprocess.server.state import DIRECT_SUB_PATH, Worker
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
 from lmcache.v1.multiprocess.wire.chunking import chunk_block_ids

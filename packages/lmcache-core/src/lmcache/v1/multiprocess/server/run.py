@@ -16,13 +16,11 @@ from typing import Any
 
 import zmq
 
-from lmcache.v1.multiprocess.config import MPServerConfig
-from lmcache.v1.multiprocess.coordinator_config import CoordinatorConfig
-from lmcache.v1.multiprocess.mp_runtime_plugin_launcher import MPRuntimePluginLauncher
+from lmcache.v1.multiprocess.runtime_plugins.mp_launcher import MPRuntimePluginLauncher
 from lmcache.v1.multiprocess.server.config_report import redact_secrets
 from lmcache.v1.multiprocess.server.startup import build_cache_server
 from lmcache.v1.multiprocess.server.transport import MPServer
-from lmcache.v1.multiprocess.server.unsupported import check_supported
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +28,14 @@ logger = logging.getLogger(__name__)
 def run_server(
     config: MPServerConfig,
     ready: Callable[[MPServer], None] | None = None,
-    coordinator: CoordinatorConfig | None = None,
 ) -> int:
     """Build, serve until SIGINT/SIGTERM, shut down cleanly; returns an exit status.
 
     Start-up failures raise (``ValueError``/``RuntimeError``/``OSError`` with a one-line
     message) after releasing everything already made, shared memory included.
-    ``coordinator`` is only checked: upstream settings this server ignores are logged.
+    Server extensions' flags are checked before this, where they are parsed
+    (:func:`~lmcache.v1.multiprocess.server.extensions.check_extension_settings`).
     """
-    check_supported(config, coordinator)
     # One id for the whole run (upstream: --instance-id, else a random uuid4 at start-up).
     config = dataclasses.replace(config, instance_id=config.resolved_instance_id())
     with _sigterm_interrupts():  # a SIGTERM while L1 is being made must still clean up
@@ -162,25 +159,25 @@ def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from lmcache.logging import init_logger
-    from lmcache.v1.multiprocess.config import (
-        add_coordinator_args,
+    from lmcache.v1.multiprocess.server.extensions import (
+        add_extension_arguments,
+        check_extension_settings,
+    )
+    from lmcache.v1.multiprocess.server_config import (
         add_mp_server_args,
-        add_p2p_args,
         config_from_args,
         log_level,
-        parse_args_to_coordinator_config,
     )
 
     parser = argparse.ArgumentParser(prog="python -m lmcache.v1.multiprocess.server")
     add_mp_server_args(parser)
-    add_p2p_args(parser)
-    add_coordinator_args(parser)
+    add_extension_arguments(parser)
     parser.add_argument("--log-level", type=log_level, default=None)
     args = parser.parse_args(argv)
     init_logger(args.log_level)
     try:
-        coordinator = parse_args_to_coordinator_config(args)
-        return run_server(config_from_args(args), coordinator=coordinator)
+        check_extension_settings(args)
+        return run_server(config_from_args(args))
     except (ValueError, RuntimeError, OSError) as exc:
         logger.debug("start-up failed", exc_info=True)
         parser.exit(1, f"{parser.prog}: error: {' '.join(str(exc).split())}\n")

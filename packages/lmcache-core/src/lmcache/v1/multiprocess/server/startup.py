@@ -13,9 +13,9 @@ from collections import OrderedDict
 
 import torch
 
-from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire.security import admin_policy
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
@@ -97,7 +97,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
 def check_l1_fits(size_gb: float, in_shm: bool) -> None:
     """L1 is touched page by page at start-up: more than /dev/shm (or memory) holds would
     end in SIGBUS or the OOM killer, with the segment left behind."""
-    from lmcache.v1.multiprocess.config import meminfo_available_bytes
+    from lmcache.v1.multiprocess.server_config import meminfo_available_bytes
 
     size = int(size_gb * 1024**3)
     if in_shm:

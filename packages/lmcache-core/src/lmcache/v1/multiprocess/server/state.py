@@ -26,8 +26,8 @@ import torch
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory.base import MemoryObj
-from lmcache.v1.multiprocess.kv_layout import KVLayout, chunk_memory_format
 from lmcache.v1.multiprocess.server.kv_events import DEFAULT_KV_EVENT_LOG_SIZE, KVEventLog
+from lmcache.v1.multiprocess.server.kv_layout import KVLayout, chunk_memory_format
 from lmcache.v1.multiprocess.server.metrics import ServerMetrics
 from lmcache.v1.multiprocess.server.pending import PendingTransfers
 from lmcache.v1.multiprocess.server.prefetch import DEFAULT_MAX_IN_FLIGHT, Prefetcher, PrefetchJob
@@ -46,7 +46,7 @@ from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 if TYPE_CHECKING:
-    from lmcache.v1.multiprocess.config import MPServerConfig
+    from lmcache.v1.multiprocess.server_config import MPServerConfig
 
 # The storage key's dtype field is fixed: chunk objects carry their real dtype and shape,
 # which retrieve checks against the worker's layout (lookups know no dtype).

@@ -31,9 +31,9 @@ from typing import Any
 import zmq
 
 from lmcache.v1.multiprocess.affinity_pool import AffinityThreadPool
-from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire import protocol
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, Pool, ProtocolError
 from lmcache.v1.multiprocess.wire.security import rpc_reach, warn_if_exposed

@@ -34,7 +34,7 @@ class QueryableFuture(Future[_T]):
     """A ``concurrent.futures.Future`` with upstream's non-blocking ``query()``: what the
     transfer contexts return, so both our worker (``result``, ``done``) and code written
     for upstream's ``MessagingFuture`` (``query``) can wait on it.  Not
-    :class:`lmcache.v1.multiprocess.futures.MessagingFuture`, which is the wire client's
+    :class:`lmcache.compat.upstream_056.futures.MessagingFuture`, which is the wire client's
     future."""
 
     def query(self) -> bool:

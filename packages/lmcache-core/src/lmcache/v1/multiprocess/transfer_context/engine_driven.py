@@ -7,11 +7,14 @@ the chunk bytes in the messages (other hosts, no shared memory), each chunk its 
 frame (see :mod:`.inline_frames`).  This replaces upstream's pickle sub-path.
 
 ``register`` builds the transport (:class:`.base.EngineDrivenContext`) through
-``worker_transfer.create_engine_driven_context``, as upstream 0.5.6 does.  lmcache-core's
-own transports (:mod:`.transports`) are driven on the fast paths below; any other
-transport (a test double, say) goes through upstream's generic sequence: synchronize,
-``prepare_store``, ``gather_paged_kv_to_cpu``, synchronize, ``commit_store`` (and the
-mirror image for retrieve), with those names looked up in ``worker_transfer``.
+``hooks.create_engine_driven_context``.  lmcache-core's own transports (:mod:`.transports`)
+are driven on the fast paths below; any other transport (a test double, say) goes through
+upstream 0.5.6's generic sequence: synchronize, ``prepare_store``,
+``gather_paged_kv_to_cpu``, synchronize, ``commit_store`` (and the mirror image for
+retrieve).  Those four functions are looked up at call time on
+:attr:`EngineDrivenTransferContext.hooks`: this module's own defaults until
+:mod:`.worker_transfer` (the seeds' call-site module, where upstream's code replaces
+them) installs itself there.  This module never imports it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 import torch
@@ -36,6 +38,8 @@ from lmcache.v1.multiprocess.transfer_context.base import (
     _failed,
     _single_group_block_ids,
     _tensor_list,
+    gather_paged_kv_to_cpu,
+    scatter_cpu_to_paged_kv,
 )
 from lmcache.v1.multiprocess.transfer_context.inline_frames import (
     StagingBuffers,
@@ -50,6 +54,7 @@ from lmcache.v1.multiprocess.transfer_context.transports import (
     SHM_DIR,
     EngineDrivenContextInline,
     EngineDrivenContextShm,
+    create_engine_driven_context,
     map_server_pool,
     slot_tensors,
 )
@@ -66,6 +71,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     RegisterEngineDrivenContextPayload,
 )
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode
+from lmcache.v1.platform import synchronize_device
 from lmcache.v1.platform.base.device_ops import DeviceOps
 from lmcache.v1.platform.kv_layout import dtype_name
 from lmcache.v1.platform.ops_types import TransferDirection
@@ -97,11 +103,22 @@ def _requested_sub_path(explicit: str | None) -> str:
     return value
 
 
-def _worker_transfer() -> ModuleType:
-    """``worker_transfer``, imported late: it imports this module."""
-    from lmcache.v1.multiprocess.transfer_context import worker_transfer
+class EngineDrivenHooks(Protocol):
+    """The functions the engine-driven context calls through (replaceable as a set)."""
 
-    return worker_transfer
+    create_engine_driven_context: Callable[..., EngineDrivenContext]
+    gather_paged_kv_to_cpu: Callable[..., Any]
+    scatter_cpu_to_paged_kv: Callable[..., Any]
+    synchronize_device: Callable[..., Any]
+
+
+class DefaultHooks:
+    """lmcache-core's own implementations of :class:`EngineDrivenHooks`."""
+
+    create_engine_driven_context = staticmethod(create_engine_driven_context)
+    gather_paged_kv_to_cpu = staticmethod(gather_paged_kv_to_cpu)
+    scatter_cpu_to_paged_kv = staticmethod(scatter_cpu_to_paged_kv)
+    synchronize_device = staticmethod(synchronize_device)
 
 
 def _pool_offer(response: Any) -> tuple[str, int]:
@@ -117,6 +134,8 @@ class EngineDrivenTransferContext(TransferContext):
     """The worker gathers/scatters KV blocks itself (``multi_layer_block_kv_transfer``)."""
 
     mode = MPTransferMode.ENGINE_DRIVEN
+    # Looked up at call time (see the module docstring); worker_transfer installs itself.
+    hooks: ClassVar[EngineDrivenHooks] = DefaultHooks()
 
     def __init__(self, instance_id: int, req_client: Any, sub_path: str | None = None) -> None:
         super().__init__(instance_id, req_client)
@@ -191,7 +210,7 @@ class EngineDrivenTransferContext(TransferContext):
         response = self.req_client.register_kv_cache_engine_driven_context(self._payload)
         self._registered = True
         shm_name, pool_size = _pool_offer(response)
-        transport = _worker_transfer().create_engine_driven_context(
+        transport = self.hooks.create_engine_driven_context(
             self._metadata,
             self.req_client,
             self._mq_timeout,
@@ -336,7 +355,7 @@ class EngineDrivenTransferContext(TransferContext):
     ) -> bool:
         """Upstream's synchronous sequence around any :class:`.base.EngineDrivenContext`."""
         transport = self.engine_driven_context
-        wt = _worker_transfer()
+        wt = self.hooks
         kv = self._kv_for(kv_caches)
         device = _tensor_list(kv)[0].device
         # No engine event on this path: the forward pass must be finished before the gather.
@@ -476,7 +495,7 @@ class EngineDrivenTransferContext(TransferContext):
         skip: int,
     ) -> bool:
         transport = self.engine_driven_context
-        wt = _worker_transfer()
+        wt = self.hooks
         kv = self._kv_for(kv_caches)
         device = _tensor_list(kv)[0].device
         chunks = transport.prepare_retrieve(key, self.instance_id)

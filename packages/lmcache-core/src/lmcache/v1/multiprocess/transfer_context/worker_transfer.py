@@ -11,8 +11,9 @@
 name: it keeps exporting every name it always had.
 
 Upstream 0.5.6's names live here too: the module-level ``gather_paged_kv_to_cpu``,
-``scatter_cpu_to_paged_kv``, ``synchronize_device``, ``create_engine_driven_context`` and
-``torch_dev`` the engine-driven context looks up at call time (so they can be replaced),
+``scatter_cpu_to_paged_kv``, ``synchronize_device`` and ``create_engine_driven_context``,
+which this module installs as the engine-driven context's hooks (looked up at call time,
+so replacing them here takes effect), ``torch_dev``,
 and ``_build_engine_driven_context``, which picks
 :class:`~.async_engine_driven.AsyncEngineDrivenTransferContext` where the device has
 streams, events and pinned memory.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -45,6 +46,7 @@ from lmcache.v1.multiprocess.transfer_context.engine_driven import (
     ENV_ENGINE_DRIVEN_SUB_PATH,
     SUB_PATH_INLINE,
     SUB_PATH_SHM,
+    EngineDrivenHooks,
     EngineDrivenTransferContext,
     _requested_sub_path,
 )
@@ -139,6 +141,12 @@ def _supports_async_primitives() -> bool:
     except (RuntimeError, TypeError):
         return False
     return True
+
+
+# Upstream 0.5.6's code replaces these names on this module (create_engine_driven_context,
+# gather_paged_kv_to_cpu, scatter_cpu_to_paged_kv, synchronize_device), so the engine-driven
+# context looks them up here at call time.
+EngineDrivenTransferContext.hooks = cast("EngineDrivenHooks", sys.modules[__name__])
 
 
 def _build_engine_driven_context(

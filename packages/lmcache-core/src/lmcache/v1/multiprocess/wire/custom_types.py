@@ -217,7 +217,7 @@ class EngineGroupInfo(msgspec.Struct, frozen=True):
     Several infos may share an ``engine_group_id`` when one engine group splits by
     physical geometry. Every field but ``engine_group_id`` defaults, so older payloads
     decode. Helpers over a ``list[EngineGroupInfo]`` are in
-    :mod:`lmcache.v1.multiprocess.group_view`.
+    :mod:`lmcache.compat.upstream_056.group_view`.
 
     Attributes:
         engine_group_id: the engine's paged-block address space the layers live in

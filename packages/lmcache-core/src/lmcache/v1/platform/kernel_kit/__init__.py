@@ -10,6 +10,9 @@
 - :mod:`.native_loader` -- import a native module fail-soft (one warning, then the baseline)
   with a disable variable; :class:`~.native_loader.NativeDeviceOps` wires it into
   ``ensure_native``.
+- :mod:`.views` -- :class:`~.views.PagedLayout`, the baseline's canonical torch views of a
+  paged KV cache, and :func:`~.views.paged_layout_from_tensors`; :mod:`.runtime` -- the
+  selected backend's device runtime module.
 
 Import the submodules directly: this package imports nothing eagerly, because the torch
 baseline itself depends on :mod:`.checks` and :mod:`.geometry` while :mod:`.ops` depends on

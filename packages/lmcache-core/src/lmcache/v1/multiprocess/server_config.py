@@ -1,0 +1,280 @@
+"""``MPServerConfig``: the cache server's configuration, built from the ``lmcache server`` flags.
+
+Every flag parses through a ``type=`` validator (:mod:`.flag_types`), and a ``--config``
+file's values go through the very same validators (:mod:`.config_file`), so a bad port or
+size is a one-line error naming the flag before anything is allocated.  The flags
+themselves are declared in :mod:`.server_flags`.
+
+Only settings this server acts on are fields here.  Upstream 0.5.6's module of the same
+role, ``lmcache.v1.multiprocess.config``, is this one plus upstream's settings for
+features this server lacks (coordinator, P2P, gRPC transport, CacheBlend, server
+modules); it lives in ``lmcache.compat.upstream_056.mp_config``, and those flags reach
+``lmcache server`` as a server extension (:mod:`.server.extensions`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from lmcache.v1.config import CACHE_POLICIES
+from lmcache.v1.multiprocess.config_file import (
+    apply_config_file,
+    explicit_flags,
+    load_config_file,
+    track_explicit_flags,
+)
+from lmcache.v1.multiprocess.flag_types import (
+    LOG_LEVELS,
+    log_level,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    tcp_port,
+    tcp_port_or_off,
+    usable_directory,
+)
+from lmcache.v1.multiprocess.runtime_plugins.settings import (
+    RuntimePluginConfig,
+    add_runtime_plugin_args,
+    parse_args_to_runtime_plugin_config,
+)
+from lmcache.v1.multiprocess.server_flags import (
+    AUTO_SHM,
+    add_admin_args,
+    add_http_frontend_args,
+    add_mp_server_args,
+    add_observability_args,
+)
+from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from lmcache.v1.platform.transfer_mode import MPTransferMode
+from lmcache.v1.storage_backend.tier_settings import TierSettings
+
+__all__ = [
+    "AUTO_SHM",
+    "CACHE_POLICIES",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "LOG_LEVELS",
+    "MPServerConfig",
+    "MPTransferMode",
+    "RuntimePluginConfig",
+    "add_runtime_plugin_args",
+    "parse_args_to_runtime_plugin_config",
+    "add_admin_args",
+    "add_http_frontend_args",
+    "add_mp_server_args",
+    "add_observability_args",
+    "apply_config_file",
+    "config_from_args",
+    "default_l1_size_gb",
+    "explicit_flags",
+    "load_config_file",
+    "log_level",
+    "meminfo_available_bytes",
+    "non_negative_float",
+    "parse_args_to_mp_server_config",
+    "positive_float",
+    "positive_int",
+    "tcp_port",
+    "tcp_port_or_off",
+    "track_explicit_flags",
+    "usable_directory",
+]
+
+_DEFAULT_L1_CAP_GB = 1.0
+_DEFAULT_L1_FREE_FRACTION = 0.25
+
+
+@dataclasses.dataclass
+class MPServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 5555
+    # A fresh id per config, as upstream; "" (set explicitly) is resolved at start-up.
+    instance_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    chunk_size: int = 256
+    max_workers: int | None = None
+    max_gpu_workers: int | None = None
+    max_cpu_workers: int | None = None
+    l1_size_gb: float | None = None
+    eviction_policy: str = "LRU"
+    supported_transfer_mode: MPTransferMode = MPTransferMode.AUTO
+    shm_name: str = AUTO_SHM
+    l2_disk_path: str | None = None
+    l2_disk_size_gb: float = 0.0
+    l2_disk_adopt: bool = False
+    l2_adapters: list[str] = dataclasses.field(default_factory=list)
+    l2_prefetch_max_in_flight: int = 8
+    l2_prefetch_wait_timeout_seconds: float = 30.0
+    kv_event_log_size: int = 32768
+    worker_reap_timeout_seconds: float = 120.0
+    session_ttl_seconds: float = 600.0
+    pending_transfer_timeout_seconds: float = 60.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    blocking_timeout_secs: int = 2
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    prometheus_port: int = 9090
+    disable_metrics: bool = False
+    enable_http_cache_clear: bool = False
+    run_script_api_enabled: bool = False
+    script_allowed_imports: list[str] = dataclasses.field(default_factory=list)
+    enable_admin_ops: bool = False
+    admin_token: str | None = dataclasses.field(default=None, repr=False)
+    admin_token_file: str | None = None
+    # Started beside the server (:mod:`.runtime_plugin_config`).
+    runtime_plugin_config: RuntimePluginConfig = dataclasses.field(
+        default_factory=RuntimePluginConfig
+    )
+
+    def validate(self) -> MPServerConfig:
+        """The flag validators, for configs built in code; raises ``ValueError``."""
+        checks: list[tuple[str, Callable[[str], Any], Any]] = [
+            ("--port", tcp_port, self.port),
+            ("--chunk-size", positive_int, self.chunk_size),
+            ("--http-port", tcp_port_or_off, self.http_port),
+            ("--prometheus-port", tcp_port_or_off, self.prometheus_port),
+            ("--max-message-mb", positive_int, self.max_message_bytes),
+            ("--session-ttl-seconds", positive_float, self.session_ttl_seconds),
+            (
+                "--pending-transfer-timeout-seconds",
+                positive_float,
+                self.pending_transfer_timeout_seconds,
+            ),
+            (
+                "--worker-reap-timeout-seconds",
+                non_negative_float,
+                self.worker_reap_timeout_seconds,
+            ),
+            ("--l2-disk-size-gb", non_negative_float, self.l2_disk_size_gb),
+            ("--l2-prefetch-max-in-flight", non_negative_int, self.l2_prefetch_max_in_flight),
+            ("--kv-event-log-size", non_negative_int, self.kv_event_log_size),
+            (
+                "--l2-prefetch-wait-timeout-seconds",
+                positive_float,
+                self.l2_prefetch_wait_timeout_seconds,
+            ),
+        ]
+        optional = [
+            ("--l1-size-gb", positive_float, self.l1_size_gb),
+            ("--max-workers", positive_int, self.max_workers),
+            ("--max-gpu-workers", positive_int, self.max_gpu_workers),
+            ("--max-cpu-workers", positive_int, self.max_cpu_workers),
+            ("--l2-disk-path", usable_directory, self.l2_disk_path),
+        ]
+        checks += [c for c in optional if c[2] is not None]
+        for flag, check, value in checks:
+            if isinstance(value, bool):
+                raise ValueError(f"argument {flag}: expected a number, got {value!r}")
+            try:
+                check(str(value))
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"argument {flag}: {exc}") from None
+        return self
+
+    def resolved_instance_id(self) -> str:
+        return self.instance_id or uuid.uuid4().hex
+
+    def resolved_l1_size_gb(self) -> float:
+        if self.l1_size_gb is not None:
+            return self.l1_size_gb
+        return default_l1_size_gb()
+
+    def resolved_shm_name(self) -> str | None:
+        """``None`` disables SHM; ``auto`` picks a fresh name."""
+        if not self.shm_name:
+            return None
+        if self.shm_name == AUTO_SHM:
+            return f"lmcache_mp_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+        return self.shm_name.lstrip("/")
+
+    def tier_settings(self) -> TierSettings:
+        """The storage tiers these flags ask for (checks the --l2-* inputs; allocates nothing)."""
+        return TierSettings.from_server_flags(
+            chunk_size=self.chunk_size,
+            l1_size_gb=self.resolved_l1_size_gb(),
+            eviction_policy=self.eviction_policy,
+            blocking_timeout_secs=self.blocking_timeout_secs,
+            l2_disk_path=self.l2_disk_path,
+            l2_disk_size_gb=self.l2_disk_size_gb,
+            l2_disk_adopt=self.l2_disk_adopt,
+            l2_adapters=self.l2_adapters,
+        )
+
+    def pool_workers(self) -> tuple[int, int]:
+        """(transfer pool threads, other pool threads)."""
+        base = self.max_workers or min(4, os.cpu_count() or 1)
+        return self.max_gpu_workers or base, self.max_cpu_workers or base
+
+
+def meminfo_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def default_l1_size_gb() -> float:
+    """min(1 GiB, a quarter of available memory, a quarter of free /dev/shm)."""
+    candidates = [_DEFAULT_L1_CAP_GB]
+    available = meminfo_available_bytes()
+    if available:
+        candidates.append(available * _DEFAULT_L1_FREE_FRACTION / 1024**3)
+    try:
+        st = os.statvfs("/dev/shm")
+        candidates.append(st.f_bavail * st.f_frsize * _DEFAULT_L1_FREE_FRACTION / 1024**3)
+    except OSError:
+        pass
+    return max(1 / 1024, min(candidates))
+
+
+def config_from_args(args: argparse.Namespace) -> MPServerConfig:
+    """The config the flags describe; :meth:`MPServerConfig.validate` checks it."""
+    return MPServerConfig(
+        host=args.host,
+        port=args.port,
+        instance_id=args.instance_id or uuid.uuid4().hex,
+        chunk_size=args.chunk_size,
+        max_workers=args.max_workers,
+        max_gpu_workers=args.max_gpu_workers,
+        max_cpu_workers=args.max_cpu_workers,
+        l1_size_gb=args.l1_size_gb,
+        eviction_policy=args.eviction_policy,
+        supported_transfer_mode=MPTransferMode.parse(args.supported_transfer_mode),
+        shm_name=args.shm_name,
+        l2_disk_path=args.l2_disk_path,
+        l2_disk_size_gb=args.l2_disk_size_gb,
+        l2_disk_adopt=args.l2_disk_adopt,
+        l2_adapters=list(args.l2_adapter),
+        l2_prefetch_max_in_flight=args.l2_prefetch_max_in_flight,
+        l2_prefetch_wait_timeout_seconds=args.l2_prefetch_wait_timeout_seconds,
+        kv_event_log_size=args.kv_event_log_size,
+        worker_reap_timeout_seconds=args.worker_reap_timeout_seconds,
+        session_ttl_seconds=args.session_ttl_seconds,
+        pending_transfer_timeout_seconds=args.pending_transfer_timeout_seconds,
+        max_message_bytes=int(args.max_message_mb * 1024**2),
+        http_host=args.http_host,
+        http_port=args.http_port,
+        prometheus_port=args.prometheus_port,
+        disable_metrics=args.disable_metrics,
+        enable_http_cache_clear=args.enable_http_cache_clear,
+        run_script_api_enabled=args.run_script_api_enabled,
+        script_allowed_imports=list(args.script_allowed_imports),
+        enable_admin_ops=args.enable_admin_ops,
+        admin_token=args.admin_token,
+        admin_token_file=args.admin_token_file,
+        runtime_plugin_config=parse_args_to_runtime_plugin_config(args),
+    )
+
+
+def parse_args_to_mp_server_config(args: argparse.Namespace) -> MPServerConfig:
+    """Upstream's name: :func:`config_from_args`, validated (``ValueError`` if bad)."""
+    return config_from_args(args).validate()
