@@ -63,7 +63,7 @@ def test_timed_out_pins_are_released_counted_and_logged(
     old.pin()
     fresh.pin()
     _age(monitor, old, 10)
-    with caplog.at_level(logging.WARNING, logger="lmcache.v1.pin_monitor"):
+    with caplog.at_level(logging.WARNING, logger="lmcache.compat.upstream_056.pin_monitor"):
         assert monitor._check_timeouts() == (2, 1, 1)
     assert old.metadata.pin_count == 0 and old.can_evict
     assert fresh.metadata.pin_count == 1

@@ -77,7 +77,7 @@ def _padded_mla_pool(row: int, hs: int) -> tuple[torch.Tensor, list[torch.Tensor
 def test_padded_block_stride_reaches_a_pointer_mode_transfer(caplog) -> None:
     hs, row = 8, BS * 8 + 24  # 24 elements of padding after every block
     _pool, views = _padded_mla_pool(row, hs)
-    with caplog.at_level(logging.INFO, logger="lmcache.v1.gpu_connector.utils"):
+    with caplog.at_level(logging.INFO, logger="lmcache.compat.upstream_056.gpu_connector.utils"):
         stride = resolve_block_stride_and_log_layout(views, F.NL_X_NB_BS_HS, 0, 0)
     assert stride == row
     assert "padding_per_block=24" in caplog.text

@@ -17,7 +17,10 @@ import pytest
 
 from lmcache.cli import main as cli_main
 from lmcache.cli.commands.server import resolve_config
-from lmcache.compat.upstream_056.server_settings.ignored import check_supported, ignored_settings
+from lmcache.compat.upstream_056.server_settings.ignored import (
+    UpstreamSettings,
+    ignored_settings,
+)
 from lmcache.v1.multiprocess import config as mp_config
 from lmcache.v1.multiprocess.config import (
     CoordinatorConfig,
@@ -31,6 +34,7 @@ from lmcache.v1.multiprocess.config import (
     parse_server_module_specs,
 )
 from lmcache.v1.multiprocess.server import run as server_run
+from lmcache.v1.multiprocess.server.extensions import check_extension_settings
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +54,7 @@ def _server_args(*argv: str) -> argparse.Namespace:
 
 
 def test_defaults_ignore_nothing() -> None:
-    args = _server_args()
-    config = parse_args_to_mp_server_config(args)
-    assert ignored_settings(config, parse_args_to_coordinator_config(args)) == []
+    assert ignored_settings(UpstreamSettings.from_args(_server_args())) == []
 
 
 def test_each_upstream_only_setting_is_reported(caplog: pytest.LogCaptureFixture) -> None:
@@ -70,10 +72,8 @@ def test_each_upstream_only_setting_is_reported(caplog: pytest.LogCaptureFixture
         "http://coord:9300",
         "--coordinator-event-reporting",
     )
-    with caplog.at_level(logging.WARNING, logger="lmcache.v1.multiprocess.server.unsupported"):
-        check_supported(
-            parse_args_to_mp_server_config(args), parse_args_to_coordinator_config(args)
-        )
+    with caplog.at_level(logging.WARNING, logger="lmcache.v1.multiprocess.server.extensions"):
+        check_extension_settings(args)
     text = "\n".join(r.getMessage() for r in caplog.records)
     for needle in (
         "--engine-type blend",
@@ -92,33 +92,36 @@ def test_coordinator_url_from_the_environment_is_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("LMCACHE_COORDINATOR_URL", "http://env-coord:9300")
-    args = _server_args()
-    ignored = ignored_settings(MPServerConfig(), parse_args_to_coordinator_config(args))
+    ignored = ignored_settings(UpstreamSettings.from_args(_server_args()))
     assert ignored == ["coordinator registration at http://env-coord:9300 (--coordinator-url)"]
 
 
-def test_grpc_transport_is_refused_before_anything_is_built() -> None:
-    config = parse_args_to_mp_server_config(_server_args("--transport", "grpc"))
-    with pytest.raises(ValueError, match="speaks ZMQ only"):
-        server_run.run_server(config)  # raises before any memory or port is taken
+def test_grpc_transport_is_refused_before_anything_is_built(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def must_not_run(*_args: Any, **_kwargs: Any) -> int:
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(server_run, "run_server", must_not_run)
+    assert cli_main.main(["server", "--transport", "grpc"]) == 1
+    assert "speaks ZMQ only" in capsys.readouterr().err
 
 
-def test_cli_hands_the_coordinator_settings_to_the_server(
-    monkeypatch: pytest.MonkeyPatch,
+def test_cli_reports_the_coordinator_settings_and_still_serves(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def fake_run_server(
-        config: MPServerConfig, ready: Any = None, coordinator: CoordinatorConfig | None = None
-    ) -> int:
-        seen.update(config=config, coordinator=coordinator)
+    def fake_run_server(config: MPServerConfig, ready: Any = None) -> int:
+        seen.update(config=config)
         return 0
 
     monkeypatch.setattr(server_run, "run_server", fake_run_server)
     argv = ["server", "--coordinator-url", "http://c:9300", "--coordinator-heartbeat-interval"]
-    assert cli_main.main([*argv, "2"]) == 0
-    assert seen["coordinator"].url == "http://c:9300"
-    assert seen["coordinator"].heartbeat_interval == 2.0
+    with caplog.at_level(logging.WARNING, logger="lmcache.v1.multiprocess.server.extensions"):
+        assert cli_main.main([*argv, "2"]) == 0
+    assert "config" in seen
+    assert any("http://c:9300" in r.getMessage() for r in caplog.records)
 
 
 def test_bad_coordinator_setting_is_a_one_line_cli_error(
@@ -133,11 +136,14 @@ def test_bad_coordinator_setting_is_a_one_line_cli_error(
 def test_isolated_ipc_from_a_config_file_and_the_command_line(tmp_path: Path) -> None:
     config = tmp_path / "server.yaml"
     config.write_text("isolated_ipc: true\nengine_type: blend\n")
-    from_file = resolve_config(_server_args("--config", str(config)))
+    args = _server_args("--config", str(config))
+    resolve_config(args)  # applies the file to the parsed flags
+    from_file = UpstreamSettings.from_args(args)
     assert from_file.isolated_ipc is True and from_file.engine_type == "blend"
     # the command line wins over the file, for the --no- spelling too
-    overridden = resolve_config(_server_args("--config", str(config), "--no-isolated-ipc"))
-    assert overridden.isolated_ipc is False
+    args = _server_args("--config", str(config), "--no-isolated-ipc")
+    resolve_config(args)
+    assert UpstreamSettings.from_args(args).isolated_ipc is False
 
 
 def test_config_file_needs_a_boolean_for_isolated_ipc(tmp_path: Path) -> None:
