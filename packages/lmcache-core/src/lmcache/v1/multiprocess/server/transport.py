@@ -415,12 +415,17 @@ class MPServer:
     ) -> None:
         try:
             reply = self._run(head, handler, payloads)
+            # The request's frames go now, and its bytes are given back before the reply
+            # leaves: a client that resends at once after a reply finds the room.
+            payloads.clear()
+            self._release(reserved)
+            reserved = 0
             # copy=False: bulk reply frames (chunk bytes) pass to the ROUTER by reference.
             self._push_socket().send_multipart(reply, copy=False)
         except Exception as exc:  # a handler thread must survive to serve the next request
             self._errors.exception("reply", exc)
         finally:
-            payloads.clear()  # the request's frames go now, before its bytes are given back
+            payloads.clear()
             self._end(reserved)
 
     def _push_socket(self) -> zmq.Socket[Any]:
