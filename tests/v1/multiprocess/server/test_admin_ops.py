@@ -16,7 +16,7 @@ import pytest
 import zmq
 from mp_server_helpers import BASE_ARGS, ServerProcess, Stored, free_port
 
-from lmcache.v1.multiprocess.config import MPServerConfig
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire import protocol
 from lmcache.v1.multiprocess.wire.security import (
     ADMIN_TOKEN_ENV,

@@ -18,13 +18,13 @@ from fastapi.testclient import TestClient
 
 from lmcache.compat.upstream_056.http_api_registry import HTTPAPIRegistry
 from lmcache.compat.upstream_056.http_apis.dependencies import build_context
-from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server import MPCacheServer, build_cache_server
 from lmcache.v1.multiprocess.server.config_report import (
     REDACTED,
     is_secret_key,
     redact_secrets,
 )
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 
 ADMIN_TOKEN = "admin-token-do-not-leak-0123456789"
 REDIS_PASSWORD = "redis-pw-do-not-leak"

@@ -70,6 +70,12 @@ def _enc(*items: Any) -> list[bytes]:
 
 def test_malformed_frames_get_typed_errors(raw: RawClient) -> None:
     assert raw.error([b"only-one-frame"]).code == "malformed_frame"
+    # One frame that is a valid request_uid (and a valid operation id): only the frame
+    # count can refuse it, so this is what fails if that check is weakened.
+    for lone in (protocol.encode(24), protocol.encode(7), b""):
+        reply = raw.error([lone])
+        assert reply.code == "malformed_frame", reply
+        assert "got 1 frame(s)" in reply.message, reply
     assert raw.error([b"\xc1", protocol.encode(24)]).code == "malformed_frame"
     assert raw.error([protocol.encode(1), b"\xc1"]).code == "malformed_frame"
     assert raw.error([protocol.encode("not an int"), protocol.encode(24)]).code == "malformed_frame"

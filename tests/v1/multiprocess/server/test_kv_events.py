@@ -15,10 +15,10 @@ import pytest
 from mp_server_helpers import free_port, make_kv, unlink_kv
 
 from lmcache.utils import chunk_hashes
-from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server import MPServer, build_cache_server
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.kv_events import KVEventLog, hash_bytes
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire.chunking import plan_chunks
 from lmcache.v1.multiprocess.wire.custom_types import (
     KV_EVENT_CAPABILITY,

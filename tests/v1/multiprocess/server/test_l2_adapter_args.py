@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server.startup import parse_l2_adapter
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.storage_backend.tier_settings import disk_tier
 
 

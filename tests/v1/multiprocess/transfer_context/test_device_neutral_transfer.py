@@ -24,8 +24,8 @@ import torch
 from mp_server_helpers import BASE_ARGS, ServerProcess
 
 import lmcache.v1.platform
-from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server import build_cache_server
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.device_spec import DeviceSpec

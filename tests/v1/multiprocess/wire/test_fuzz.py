@@ -7,6 +7,7 @@ run, printed so a failure can be replayed: ``LMCACHE_FUZZ_SEED=<seed>``.
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import secrets
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv, unlink_kv
 from wire_fuzz import (
+    NASTY_INTS,
     FuzzResult,
     FuzzSession,
     MessageFactory,
@@ -265,6 +267,80 @@ def test_decode_operation_returns_or_raises_protocol_error(frame: bytes) -> None
         )
 
 
+# -- in-process: the transport's framing, on frame sets built from the tables ---------------
+
+FRAMING_MESSAGES = 10000
+FRAMING_CODES = frozenset(
+    {"ok", "malformed_frame", "unknown_operation", "message_too_large", "version_mismatch",
+     "bad_payload"}
+)  # fmt: skip
+
+
+def _piece(rng: random.Random, values: ValueFactory) -> bytes:
+    """One frame of a kind a request is made of: a uid, an operation (legacy id or name,
+    from the tables), a valid payload of some operation, or not msgpack at all."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        return protocol.encode(rng.choice([*NASTY_INTS, rng.randrange(1 << 62)]))
+    if kind == 1:
+        return protocol.encode(rng.choice(list(protocol.LEGACY_OPERATION_IDS.values())))
+    if kind == 2:
+        return protocol.encode(rng.choice(sorted(protocol.RPC_SPECS)))
+    if kind == 3:
+        spec = protocol.RPC_SPECS[rng.choice(sorted(protocol.RPC_SPECS))]
+        if spec.payloads:
+            return msgspec.msgpack.encode(values.valid(rng.choice(spec.payload_types)))
+    if kind == 4:
+        return b""
+    return rng.randbytes(rng.randint(1, 24))
+
+
+def _frame_set(rng: random.Random, values: ValueFactory) -> list[bytes]:
+    """Frames after the identity: a request of one operation cut short, grown or with one
+    frame swapped, or pieces in any order and number (none to past MAX_REQUEST_FRAMES)."""
+    if rng.random() < 0.5:
+        operation = rng.choice(sorted(protocol.RPC_SPECS))
+        spec = protocol.RPC_SPECS[operation]
+        frames = [protocol.encode(rng.randrange(1 << 62)), protocol.encode_operation(operation)]
+        frames += [msgspec.msgpack.encode(values.valid(kind)) for kind in spec.payload_types]
+        cut = rng.randint(0, len(frames) + 2)
+        frames = frames[:cut] + [_piece(rng, values) for _ in range(cut - len(frames))]
+        if frames and rng.random() < 0.3:
+            frames[rng.randrange(len(frames))] = _piece(rng, values)
+        return frames
+    if rng.random() < 0.01:
+        return [b"\x01"] * (protocol.MAX_REQUEST_FRAMES + 1)
+    count = rng.choice([0, 1, 1, 2, rng.randint(0, protocol.MAX_PAYLOAD_FRAMES + 3)])
+    return [_piece(rng, values) for _ in range(count)]
+
+
+def test_framing_of_frame_sets_from_the_tables() -> None:
+    """Whatever frames follow the identity, the transport's framing and decoding end in a
+    request or a typed ``ProtocolError``, never another exception (an ``IndexError`` from
+    a short frame set was once answered ``internal``)."""
+    from lmcache.v1.multiprocess.server.transport import decode_request, frame_request
+
+    seed = _fuzz_seed()
+    print(f"\nframing fuzz seed {seed} (replay: LMCACHE_FUZZ_SEED={seed})")
+    rng = random.Random(seed)
+    values = ValueFactory(rng, [])
+    codes: collections.Counter[str] = collections.Counter()
+    for _ in range(FRAMING_MESSAGES):
+        frames = _frame_set(rng, values)
+        try:
+            decode_request(frame_request([zmq.Frame(f) for f in frames], 1024**2))
+        except protocol.ProtocolError as exc:
+            codes[exc.code.value] += 1
+            if len(frames) < 2 and len(frames) <= protocol.MAX_REQUEST_FRAMES:
+                assert exc.code is protocol.ErrorCode.MALFORMED_FRAME, (seed, frames, exc)
+        else:
+            assert len(frames) >= 2, (seed, frames)
+            codes["ok"] += 1
+    print(f"framing fuzz seed {seed}: {dict(codes)}")
+    assert set(codes) <= FRAMING_CODES, (seed, codes)
+    assert codes["ok"] and codes["malformed_frame"] and codes["message_too_large"], (seed, codes)
+
+
 def test_wrapper_list_holding_an_int_is_bad_payload() -> None:
     """The message that used to kill the server (NotImplementedError from the hook)."""
     spec = protocol.RPC_SPECS["register_kv_cache"]
@@ -373,8 +449,8 @@ def test_total_request_size_and_frame_count_are_bounded(fuzz_server: ServerProce
 
 def _build_engine() -> Any:
     """An in-process cache server (no SHM, 16 MiB L1, both transfer modes)."""
-    from lmcache.v1.multiprocess.config import MPServerConfig
     from lmcache.v1.multiprocess.server import build_cache_server
+    from lmcache.v1.multiprocess.server_config import MPServerConfig
     from lmcache.v1.platform.transfer_mode import MPTransferMode
 
     config = MPServerConfig(
@@ -458,8 +534,8 @@ def test_a_flood_waits_in_the_transport_not_in_server_memory() -> None:
 
     from mp_server_helpers import free_port
 
-    from lmcache.v1.multiprocess.config import MPServerConfig
     from lmcache.v1.multiprocess.server import MPServer
+    from lmcache.v1.multiprocess.server_config import MPServerConfig
 
     release = threading.Event()
     started: list[str] = []

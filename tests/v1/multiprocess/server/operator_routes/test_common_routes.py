@@ -24,8 +24,8 @@ from lmcache.compat.upstream_056.periodic_thread import (
     ThreadLevel,
     ThreadRunSummary,
 )
-from lmcache.v1.multiprocess.config import MPServerConfig
 from lmcache.v1.multiprocess.server.operator_routes import run_script_api
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.utils.secrets import REDACTED
 
 

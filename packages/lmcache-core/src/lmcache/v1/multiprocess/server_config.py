@@ -51,13 +51,17 @@ from lmcache.v1.multiprocess.server_flags import (
     add_mp_server_args,
     add_observability_args,
 )
-from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from lmcache.v1.multiprocess.wire.protocol import (
+    DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+)
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
 __all__ = [
     "AUTO_SHM",
     "CACHE_POLICIES",
+    "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "LOG_LEVELS",
     "MPServerConfig",
@@ -115,6 +119,7 @@ class MPServerConfig:
     session_ttl_seconds: float = 600.0
     pending_transfer_timeout_seconds: float = 60.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     blocking_timeout_secs: int = 2
     http_host: str = "127.0.0.1"
     http_port: int = 8080
@@ -139,6 +144,7 @@ class MPServerConfig:
             ("--http-port", tcp_port_or_off, self.http_port),
             ("--prometheus-port", tcp_port_or_off, self.prometheus_port),
             ("--max-message-mb", positive_int, self.max_message_bytes),
+            ("--max-inflight-mb", positive_int, self.max_inflight_bytes),
             ("--session-ttl-seconds", positive_float, self.session_ttl_seconds),
             (
                 "--pending-transfer-timeout-seconds",
@@ -174,6 +180,12 @@ class MPServerConfig:
                 check(str(value))
             except argparse.ArgumentTypeError as exc:
                 raise ValueError(f"argument {flag}: {exc}") from None
+        if self.max_inflight_bytes < self.max_message_bytes:
+            raise ValueError(
+                f"argument --max-inflight-mb: {self.max_inflight_bytes / 1024**2:g} MiB is "
+                f"below --max-message-mb ({self.max_message_bytes / 1024**2:g} MiB): a request "
+                f"the size limit admits would always be refused as busy"
+            )
         return self
 
     def resolved_instance_id(self) -> str:
@@ -261,6 +273,7 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         session_ttl_seconds=args.session_ttl_seconds,
         pending_transfer_timeout_seconds=args.pending_transfer_timeout_seconds,
         max_message_bytes=int(args.max_message_mb * 1024**2),
+        max_inflight_bytes=int(args.max_inflight_mb * 1024**2),
         http_host=args.http_host,
         http_port=args.http_port,
         prometheus_port=args.prometheus_port,

@@ -17,7 +17,10 @@ from lmcache.v1.multiprocess.flag_types import (
     usable_directory,
 )
 from lmcache.v1.multiprocess.runtime_plugins.settings import add_runtime_plugin_args
-from lmcache.v1.multiprocess.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from lmcache.v1.multiprocess.wire.protocol import (
+    DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+)
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 AUTO_SHM = "auto"
@@ -84,7 +87,20 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--max-message-mb",
         type=positive_float,
         default=DEFAULT_MAX_MESSAGE_BYTES / 1024**2,
-        help="Largest request accepted (MiB); larger ones get a message_too_large error.",
+        help="Largest request accepted (MiB, all frames together); larger ones get a "
+        "message_too_large error. The default (169) is the largest request a worker sends: "
+        "an inline store of one 4 MiB chunk group plus one 128 MiB chunk (256 tokens of "
+        "512 KiB per token and rank) and a key of the most tokens (4M x 9 bytes); raise it "
+        "for larger chunks. libzmq holds up to twice this per peer while receiving.",
+    )
+    group.add_argument(
+        "--max-inflight-mb",
+        type=positive_float,
+        default=DEFAULT_MAX_INFLIGHT_BYTES / 1024**2,
+        help="Budget of request bytes read and not yet answered, across all peers (MiB, "
+        "default 1024, at least --max-message-mb); a request past it gets a 'busy' error "
+        "at once (retryable) and its memory is released. Requests of 64 KiB or less are "
+        "exempt. See 'Request memory' in docs/operations.md.",
     )
     storage = parser.add_argument_group("Storage")
     storage.add_argument(

@@ -16,10 +16,14 @@ _ERROR_LOG_MAX_KINDS = 256
 
 
 class RefusalLog:
-    """Warns about refused admin requests, at most once per interval (never the token)."""
+    """Warns about refused requests (admin requests by default), at most once per interval
+    (never the token)."""
 
-    def __init__(self, interval_s: float = _REFUSAL_LOG_INTERVAL_S) -> None:
+    def __init__(
+        self, interval_s: float = _REFUSAL_LOG_INTERVAL_S, subject: str = "admin request"
+    ) -> None:
         self._interval_s = interval_s
+        self._subject = subject
         self._lock = threading.Lock()
         self._next_at = 0.0
         self._suppressed = 0
@@ -33,7 +37,8 @@ class RefusalLog:
             suppressed, self._suppressed = self._suppressed, 0
             self._next_at = now + self._interval_s
         logger.warning(
-            "refused admin request %s (%s)%s",
+            "refused %s %s (%s)%s",
+            self._subject,
             operation,
             reason,
             f"; {suppressed} more refused in the last {self._interval_s:.0f}s"

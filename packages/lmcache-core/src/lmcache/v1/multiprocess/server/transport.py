@@ -13,6 +13,11 @@
   as exactly one typed error reply (``internal`` for anything unexpected, whose traceback
   is logged once per kind and then rate-limited), and a request over the size or frame
   bound is refused before its frames are copied out of the transport.
+* Memory: the bytes of requests read and not yet answered are counted across all peers;
+  a request that would take them past ``--max-inflight-mb`` is answered ``busy`` at once
+  and its frames released (requests of at most ``BUDGET_EXEMPT_BYTES`` are exempt).  What
+  libzmq holds before the loop reads a request is bounded per peer by ``--max-message-mb``
+  and ``_RECV_HWM``; docs/operations.md ("Request memory") adds it all up.
 
 Which pool serves an operation, and which :class:`MPCacheServer` method, is the
 operation's :class:`~lmcache.v1.multiprocess.wire.protocol.RpcSpec` (``pool``, ``handler``);
@@ -24,15 +29,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
 from lmcache.v1.multiprocess.affinity_pool import AffinityThreadPool
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
-from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog
+from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog, RefusalLog
 from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire import protocol
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, Pool, ProtocolError
@@ -43,11 +48,74 @@ logger = logging.getLogger(__name__)
 _POLL_MS = 100
 _REAP_INTERVAL_S = 1.0
 _SEND_HWM = 1000
+# Complete requests libzmq queues per peer while the loop does not read (it stops at
+# MAX_IN_FLIGHT); past it libzmq stops reading that peer's connection (TCP pushes back).
+# Small, because each may be as large as --max-message-mb (libzmq's default is 1000).
+_RECV_HWM = 16
 # A valid request_uid frame is a msgpack int (at most 9 bytes); a longer one is not echoed.
 _MAX_ECHOED_UID_BYTES = 16
 # Requests queued or running in the handler pools; beyond it the loop stops reading new
 # ones (ZeroMQ holds them, pushing back on senders) so a flood cannot grow memory unbounded.
 MAX_IN_FLIGHT = 1024
+
+
+class FramedRequest(NamedTuple):
+    """A request whose framing checked out: its frames are not decoded past the operation."""
+
+    op_frame: bytes
+    operation: str
+    payload_frames: list[zmq.Frame]
+    size: int  # bytes of all its frames (the identity frame excluded)
+
+
+def frame_request(body: Sequence[zmq.Frame], max_message_bytes: int) -> FramedRequest:
+    """Check the frames after the identity, ``[request_uid, operation, *payloads]``, by
+    count and total size before any is copied, then decode uid and operation.
+
+    Raises only ``ProtocolError``: whatever the frames are, nothing here indexes past
+    them (the split is one unpacking, refused as a whole when there are too few frames).
+    """
+    count = len(body)
+    if count > protocol.MAX_REQUEST_FRAMES:
+        raise ProtocolError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"request of {count} frames exceeds the limit of {protocol.MAX_REQUEST_FRAMES} "
+            f"frames (uid, operation and at most "
+            f"{protocol.MAX_REQUEST_FRAMES - 2} payloads)",
+        )
+    size = sum(len(f) for f in body)
+    if size > max_message_bytes:
+        raise ProtocolError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"request of {size} bytes in {count} frames exceeds the server limit of "
+            f"{max_message_bytes} bytes per request (--max-message-mb)",
+        )
+    try:
+        uid_frame, op_frame, *payload_frames = body
+    except ValueError:
+        raise ProtocolError(
+            ErrorCode.MALFORMED_FRAME,
+            f"a request is [request_uid, operation, *payloads]; got {count} frame(s)",
+        ) from None
+    try:
+        protocol.decode(uid_frame.buffer, int)
+    except Exception:
+        raise ProtocolError(
+            ErrorCode.MALFORMED_FRAME, "request_uid frame is not a msgpack integer"
+        ) from None
+    op_bytes = op_frame.bytes
+    return FramedRequest(op_bytes, protocol.decode_operation(op_bytes), payload_frames, size)
+
+
+def decode_request(request: FramedRequest) -> tuple[protocol.RpcSpec, list[Any]]:
+    """The operation's spec and its typed payloads (a bulk operation's data frames last,
+    as zero-copy views that keep their frames alive); raises only ``ProtocolError``."""
+    spec = protocol.RPC_SPECS[request.operation]
+    payload_frames, bulk = protocol.split_bulk(spec, request.payload_frames)
+    payloads = protocol.decode_payloads(spec, [f.buffer for f in payload_frames])
+    if spec.bulk_frames:
+        payloads.append([f.buffer for f in bulk])
+    return spec, payloads
 
 
 def bind_handlers(engine: MPCacheServer) -> dict[str, Callable[..., Any]]:
@@ -77,6 +145,7 @@ class MPServer:
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        self._router.setsockopt(zmq.RCVHWM, _RECV_HWM)
         # The transport drops (and disconnects) anything far beyond the limit; between the
         # limit and this cap the request is answered with message_too_large.
         self._router.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_message_bytes)
@@ -100,8 +169,11 @@ class MPServer:
         self._pool = ThreadPoolExecutor(other_threads, thread_name_prefix="lmc-handler")
         self._stop = threading.Event()
         self._in_flight = 0
+        self._in_flight_bytes = 0
         self._in_flight_lock = threading.Lock()
         self.max_in_flight = MAX_IN_FLIGHT
+        self.max_in_flight_bytes = config.max_inflight_bytes
+        self._busy_log = RefusalLog(subject="request over --max-inflight-mb:")
         self._closed = False
         self._errors = RateLimitedErrorLog(logger)
         self.http_url: str | None = None
@@ -207,59 +279,61 @@ class MPServer:
             return frames[1].bytes
         return protocol.encode(-1)
 
-    def _check_bounds(self, frames: list[zmq.Frame]) -> None:
-        """Refuse a request by its frame count and total size (identity frame excluded)."""
-        count = len(frames) - 1
-        if count < 2:
-            raise ProtocolError(
-                ErrorCode.MALFORMED_FRAME,
-                f"a request is [request_uid, operation, *payloads]; got {count} frame(s)",
-            )
-        if count > protocol.MAX_REQUEST_FRAMES:
-            raise ProtocolError(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"request of {count} frames exceeds the limit of {protocol.MAX_REQUEST_FRAMES} "
-                f"frames (uid, operation and at most "
-                f"{protocol.MAX_REQUEST_FRAMES - 2} payloads)",
-            )
-        size = sum(len(f) for f in frames[1:])
-        if size > self.config.max_message_bytes:
-            raise ProtocolError(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"request of {size} bytes in {count} frames exceeds the server limit of "
-                f"{self.config.max_message_bytes} bytes per request (--max-message-mb)",
-            )
-
     def _handle(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         uid_frame = self._uid_frame(frames)
         operation = ""
+        reserved = 0
         try:
-            self._check_bounds(frames)
-            try:
-                protocol.decode(frames[1].buffer, int)
-            except Exception:
-                raise ProtocolError(
-                    ErrorCode.MALFORMED_FRAME, "request_uid frame is not a msgpack integer"
-                ) from None
-            op_frame = frames[2].bytes
-            operation = protocol.decode_operation(op_frame)
+            request = frame_request(frames[1:], self.config.max_message_bytes)
+            operation = request.operation
             if self._stop.is_set():
                 raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
-            spec = protocol.RPC_SPECS[operation]
-            payload_frames, bulk = protocol.split_bulk(spec, frames[3:])
-            payloads = protocol.decode_payloads(spec, [f.buffer for f in payload_frames])
-            if spec.bulk_frames:
-                # Zero-copy views of the data frames; each keeps its frame alive.
-                payloads.append([f.buffer for f in bulk])
+            reserved = self._reserve(request.size, operation)
+            spec, payloads = decode_request(request)
         except ProtocolError as exc:
+            self._release(reserved)
             self._reply_error(identity, uid_frame, exc.code, exc, operation)
             return
+        except BaseException:
+            self._release(reserved)
+            raise
         handler = self._handlers[operation]
-        head = (identity, uid_frame, op_frame, operation)
+        head = (identity, uid_frame, request.op_frame, operation)
         if spec.pool is Pool.INLINE:
-            self._send(self._run(head, handler, payloads))
+            try:
+                self._send(self._run(head, handler, payloads))
+            finally:
+                self._release(reserved)
         else:
-            self._submit(head, handler, payloads, affinity=spec.pool is Pool.AFFINITY)
+            self._submit(head, handler, payloads, spec.pool is Pool.AFFINITY, reserved)
+
+    def _reserve(self, size: int, operation: str) -> int:
+        """Count ``size`` bytes in flight until the request is answered (the bytes to give
+        back); ``busy`` when that would pass the budget.  Small requests are exempt."""
+        if size <= protocol.BUDGET_EXEMPT_BYTES:
+            return 0
+        with self._in_flight_lock:
+            held = self._in_flight_bytes
+            if held + size <= self.max_in_flight_bytes:
+                self._in_flight_bytes = held + size
+                return size
+        self._busy_log.note(operation, f"{size} bytes with {held} in flight")
+        raise ProtocolError(
+            ErrorCode.BUSY,
+            f"the server holds {held} bytes of requests not yet answered; this {size}-byte "
+            f"request would pass its budget of {self.max_in_flight_bytes} bytes "
+            f"(--max-inflight-mb): retry once earlier requests are answered",
+        )
+
+    def _release(self, reserved: int) -> None:
+        if reserved:
+            with self._in_flight_lock:
+                self._in_flight_bytes -= reserved
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Bytes of (non-exempt) requests read and not yet answered."""
+        return self._in_flight_bytes
 
     def _reply_error(
         self, identity: bytes, uid_frame: bytes, code: ErrorCode, exc: Exception, operation: str
@@ -277,26 +351,29 @@ class MPServer:
         handler: Callable[..., Any],
         payloads: list[Any],
         affinity: bool,
+        reserved: int,
     ) -> None:
+        """Run the handler on a pool; the request's ``reserved`` bytes go with it."""
         self._begin()
         try:
             if affinity:
                 self._affinity.submit(
-                    self._run_and_push, head, handler, payloads, affinity_key=head[0]
+                    self._run_and_push, head, handler, payloads, reserved, affinity_key=head[0]
                 )
             else:
-                self._pool.submit(self._run_and_push, head, handler, payloads)
+                self._pool.submit(self._run_and_push, head, handler, payloads, reserved)
         except RuntimeError as exc:  # the pool is shut down: answer here, keep the count right
-            self._end()
+            self._end(reserved)
             self._reply_error(head[0], head[1], ErrorCode.SHUTTING_DOWN, exc, head[3])
 
     def _begin(self) -> None:
         with self._in_flight_lock:
             self._in_flight += 1
 
-    def _end(self) -> None:
+    def _end(self, reserved: int) -> None:
         with self._in_flight_lock:
             self._in_flight -= 1
+            self._in_flight_bytes -= reserved
 
     def _count_error(self) -> None:
         self.engine._count(errors=1)
@@ -334,15 +411,22 @@ class MPServer:
         head: tuple[bytes, bytes, bytes, str],
         handler: Callable[..., Any],
         payloads: list[Any],
+        reserved: int,
     ) -> None:
         try:
             reply = self._run(head, handler, payloads)
+            # The request's frames go now, and its bytes are given back before the reply
+            # leaves: a client that resends at once after a reply finds the room.
+            payloads.clear()
+            self._release(reserved)
+            reserved = 0
             # copy=False: bulk reply frames (chunk bytes) pass to the ROUTER by reference.
             self._push_socket().send_multipart(reply, copy=False)
         except Exception as exc:  # a handler thread must survive to serve the next request
             self._errors.exception("reply", exc)
         finally:
-            self._end()
+            payloads.clear()
+            self._end(reserved)
 
     def _push_socket(self) -> zmq.Socket[Any]:
         sock = getattr(self._local, "push", None)

@@ -17,6 +17,7 @@ import torch
 
 from lmcache.v1.multiprocess.wire.chunking import ChunkSpan, chunk_block_ids
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, PrepareRetrieveResponse
+from lmcache.v1.multiprocess.wire.protocol import INLINE_GROUP_BYTES
 from lmcache.v1.platform.kv_layout import KVLayout
 
 logger = logging.getLogger(__name__)
@@ -111,8 +112,9 @@ def frames_as_chunks(
 # copies it), the worker gathers the next (store) or scatters the previous (retrieve).
 PIPELINE_DEPTH = 2
 # A pipelined request carries at least this many bytes (whole chunks): smaller requests
-# would spend more on round trips than the overlap wins.
-PIPELINE_GROUP_BYTES = 4 * 1024**2
+# would spend more on round trips than the overlap wins.  The server's default request
+# limit is sized from it (one group plus one chunk), so it is the wire's constant.
+PIPELINE_GROUP_BYTES = INLINE_GROUP_BYTES
 
 # (objects, block ids, skip_blocks) -> the gather/scatter of the selected backend's ops.
 Transfer = Callable[[list[torch.Tensor], list[int], int], None]

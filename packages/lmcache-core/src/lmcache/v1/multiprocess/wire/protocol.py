@@ -33,6 +33,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     MAX_KV_EVENTS_PER_BATCH,
     MAX_LAYERS,
     MAX_RECORDS,
+    MAX_TOKENS,
     MAX_WORLD_SIZE,
     BlockAllocationRecord,
     BlockIds,
@@ -57,7 +58,33 @@ from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
 
 PROTOCOL_VERSION = 1
 ERROR_OPERATION = "__error__"
-DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024**2
+
+# -- request size: what a request legally carries (docs/operations.md, "Request memory") ----
+_MIB = 1024**2
+# A worker's inline store sends its chunks in groups of at least this many bytes (whole
+# chunks, so a group is under this plus one chunk), one ``commit_store_frames`` each.
+INLINE_GROUP_BYTES = 4 * _MIB
+# The largest chunk the default request limit admits: 256 tokens (the default
+# --chunk-size) of 512 KiB per token and rank, e.g. Llama-3.1-405B in bf16 on one rank
+# (126 layers x 2 x 8 KV heads x 128 x 2 bytes = 504 KiB).  Larger chunks need a larger
+# --max-message-mb.
+LARGEST_DEFAULT_CHUNK_BYTES = 256 * 512 * 1024
+# An ``IPCCacheServerKey``: at most MAX_TOKENS token ids of 9 msgpack bytes each (int64)
+# plus its array header; every other field and payload of a store fits the slack below.
+MAX_KEY_TOKEN_BYTES = 9 * MAX_TOKENS + 5
+_OTHER_PAYLOAD_BYTES = 64 * 1024
+# The largest legal request: one inline store group with its key, rounded up to whole MiB
+# (169 MiB).  Nothing a worker sends is larger unless its chunks are.
+_LARGEST_REQUEST_BYTES = (
+    INLINE_GROUP_BYTES + LARGEST_DEFAULT_CHUNK_BYTES + MAX_KEY_TOKEN_BYTES + _OTHER_PAYLOAD_BYTES
+)
+DEFAULT_MAX_MESSAGE_BYTES = -(-_LARGEST_REQUEST_BYTES // _MIB) * _MIB
+# Bytes of requests received and not yet answered, across all peers: a request past it gets
+# ``busy`` at once.  Six largest requests: a few workers' pipelined stores in flight.
+DEFAULT_MAX_INFLIGHT_BYTES = 1024 * _MIB
+# Requests up to this size (lookups, pings, prepares: control traffic) are never refused
+# ``busy``; the transport's cap on requests in flight bounds them (1024 x 64 KiB).
+BUDGET_EXEMPT_BYTES = 64 * 1024
 
 # Frozen upstream ``RequestType`` values; 11 (query_prefetch_lookup_hits) is retired.
 LEGACY_OPERATION_IDS: dict[str, int] = {
@@ -111,7 +138,14 @@ class ErrorCode(str, enum.Enum):
     SHUTTING_DOWN = "shutting_down"
     FORBIDDEN = "forbidden"
     UNAUTHORIZED = "unauthorized"
+    # Over the server's in-flight byte budget (--max-inflight-mb): nothing was done;
+    # the same request may succeed once earlier ones are answered.
+    BUSY = "busy"
     INTERNAL = "internal"
+
+
+# Codes after which the very same request may succeed when sent again later.
+RETRYABLE_ERROR_CODES = frozenset({ErrorCode.BUSY.value})
 
 
 class ErrorReply(msgspec.Struct, forbid_unknown_fields=True):

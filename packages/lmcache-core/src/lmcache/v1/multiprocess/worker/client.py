@@ -2,7 +2,9 @@
 
 Every call has a bounded timeout: a server that is down or wedged raises
 :class:`ServerUnavailableError` with the address and a hint, never hangs.  A typed error
-reply raises :class:`ServerError` carrying the server's error code.
+reply raises :class:`ServerError` carrying the server's error code;
+:class:`ServerBusyError` (``busy``: the server's in-flight byte budget was full, nothing
+was done) is the one whose ``retryable`` is true.
 """
 
 from __future__ import annotations
@@ -56,11 +58,27 @@ class ServerUnavailableError(MPClientError):
 class ServerError(MPClientError):
     """The server answered with a typed error reply."""
 
+    # Whether the very same request may succeed when sent again later.
+    retryable = False
+
     def __init__(self, code: str, message: str, operation: str) -> None:
         super().__init__(f"[{code}] {operation or 'request'}: {message}")
         self.code = code
         self.message = message
         self.operation = operation
+
+
+class ServerBusyError(ServerError):
+    """``busy``: the server's budget of request bytes in flight (``--max-inflight-mb``)
+    was full, so it refused this request without acting on it; send it again later."""
+
+    retryable = True
+
+
+def server_error(code: str, message: str, operation: str) -> ServerError:
+    """The typed exception of an error reply."""
+    cls = ServerBusyError if code == protocol.ErrorCode.BUSY.value else ServerError
+    return cls(code, message, operation)
 
 
 def normalize_url(url: str) -> str:
@@ -261,7 +279,7 @@ class MPClient:
             raise MPClientError(f"malformed reply to {operation}: {len(frames)} frame(s)")
         if protocol.is_error_operation(protocol.decode(frames[1])):
             reply = protocol.decode(frames[2], protocol.ErrorReply)
-            raise ServerError(reply.code, reply.message, reply.operation or operation)
+            raise server_error(reply.code, reply.message, reply.operation or operation)
         if len(frames) < 3:
             return None
         try:
