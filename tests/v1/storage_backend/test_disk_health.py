@@ -5,7 +5,7 @@ to ENOSPC; a directory squatting on a chunk's file name)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ DISK_LOGGER = "lmcache.v1.storage_backend.local_disk_backend"
 
 
 @pytest.fixture
-def cpu() -> LocalCPUBackend:
+def cpu() -> Iterator[LocalCPUBackend]:
     backend = LocalCPUBackend(make_config(max_local_cpu_size="4MiB", local_cpu=False))
     yield backend
     backend.close()
