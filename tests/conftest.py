@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+from small_tmpfs import small_tmpfs  # noqa: F401 (fixture)
 
 # Env vars that steer backend selection; subprocess tests start from a clean slate.
 SELECTION_ENV_VARS = (

@@ -7,11 +7,13 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from mp_server_helpers import CHUNK_SIZE, ServerProcess, free_port, make_kv, unlink_kv
 from prometheus_client.parser import text_string_to_metric_families
+from small_tmpfs import SmallTmpfs
 
 from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
@@ -274,3 +276,61 @@ def test_config_routes_report_the_running_server(disk_server: tuple[HttpServer, 
     (adapter,) = hs.http.get("/config/adapters").json()["adapters"]
     assert adapter["index"] == 0 and adapter["primary"] and not adapter["reconfigurable"]
     assert adapter["type_name"] == "disk"
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_healthcheck_is_unhealthy_while_disk_writes_fail_with_enospc(
+    server_factory: Callable[..., ServerProcess], small_tmpfs: Callable[[int], SmallTmpfs]
+) -> None:
+    """A disk tier whose file system has room for the old 2-byte probe but not for a
+    chunk: every write fails with ENOSPC and /healthcheck says so (it said healthy before);
+    with room again the server is healthy without another store."""
+    fs = small_tmpfs(1 << 20)
+    hs = _start(
+        server_factory,
+        "--supported-transfer-mode", "engine_driven", "--l2-disk-path", str(fs.path / "l2"),
+        "--l2-disk-size-gb", "0.01", prom=False,
+    )  # fmt: skip
+    kv = make_kv(seed=9, num_heads=4, head_size=64)  # 48 KiB chunks: more than a page
+    worker = KVCacheWorker(
+        kv, model_name=f"enospc-{uuid.uuid4().hex[:8]}", server_url=hs.server.url,
+        mode="engine_driven", sub_path="shm",
+    )  # fmt: skip
+
+    def disk_tier() -> dict[str, Any]:
+        tiers = hs.http.get("/status").json()["tiers"]
+        return next(t for t in tiers if t["kind"] == "disk")
+
+    try:
+        assert worker.store(list(range(CHUNK_SIZE)), list(range(4)))  # one chunk lands
+        assert _wait_for(lambda: disk_tier()["objects"] == 1)
+        chunk = disk_tier()["used_bytes"]
+        assert hs.http.get("/healthcheck").json() == {"status": "healthy"}
+        filler = fs.fill(leave_bytes=chunk // 2)
+        assert fs.free_bytes() > 2  # the old probe's two bytes still fit
+        for i in range(1, 4):  # three more chunks, each write fails with ENOSPC
+            tokens = list(range(1000 * i, 1000 * i + CHUNK_SIZE))
+            assert worker.store(tokens, list(range(4 * i, 4 * i + 4)))
+        assert _wait_for(lambda: disk_tier()["errors"] >= 3), disk_tier()
+        health = hs.http.get("/healthcheck")
+        assert health.status_code == 503, health.text
+        problems = health.json()["problems"]
+        assert any("LocalDiskBackend" in p and "less than one chunk" in p for p in problems)
+        assert any("the last 3 writes" in p and "No space left" in p for p in problems)
+        log = hs.server.log()
+        # Rate-limited: one line for the three failures, no traceback.
+        assert log.count("a chunk write failed") == 1 and "Traceback" not in log
+        filler.unlink()
+        assert hs.http.get("/healthcheck").json() == {"status": "healthy"}
+    finally:
+        worker.close()
+        unlink_kv(kv)
+        hs.server.stop()

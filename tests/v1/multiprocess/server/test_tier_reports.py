@@ -52,3 +52,53 @@ def test_evictions_come_from_the_tiers_and_policies_stay_untouched(tmp_path: Pat
         assert l1.evictions == before  # removals the server asks for are not evictions
     finally:
         storage.close()
+
+
+def test_unreachable_redis_is_degraded_not_unhealthy(tmp_path: Path) -> None:
+    """An optional Redis tier that cannot be reached: /healthcheck answers 200 "degraded"
+    with the reason (a restart would not bring Redis back), /status lists it apart from
+    the problems, and the server counts as healthy."""
+    import json
+    import socket
+
+    from fastapi.testclient import TestClient
+    from prerequisites import require_module
+
+    from lmcache.v1.multiprocess.config import MPServerConfig
+    from lmcache.v1.multiprocess.server import build_cache_server
+    from lmcache.v1.multiprocess.server.http_frontend import build_app
+
+    require_module("redis", "redis-py not installed (pip install 'lmcache-core[redis]')")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = int(sock.getsockname()[1])
+    redis = {
+        "type": "resp",
+        "url": f"redis://127.0.0.1:{closed_port}",
+        "optional": True,
+        "connect_timeout_s": 0.2,
+        "timeout_s": 0.2,
+        "retry_interval_s": 3600,
+    }
+    engine = build_cache_server(
+        MPServerConfig(
+            chunk_size=16,
+            l1_size_gb=1 / 64,
+            shm_name="",
+            disable_metrics=True,
+            l2_prefetch_max_in_flight=0,
+            l2_adapters=[json.dumps(redis)],
+        )
+    )
+    try:
+        reply = TestClient(build_app(engine)).get("/healthcheck")
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["status"] == "degraded"
+        (reason,) = body["problems"]
+        assert f"127.0.0.1:{closed_port}" in reason and "circuit breaker open" in reason
+        status = engine.status()
+        assert status["healthy"] is True and status["problems"] == []
+        assert status["degraded"] == [reason]
+    finally:
+        engine.close()

@@ -183,3 +183,28 @@ def test_corrupt_value_is_a_miss_and_deleted(redis_server: RedisServer, damage: 
         raw.close()
         tier.close()
         cpu.close()
+
+
+def test_open_breaker_is_degraded_not_unhealthy(tmp_path: Path) -> None:
+    """While the breaker is open the tier says why it serves less (the server reports it
+    degraded, 200); it is never a health problem (503), and clears once Redis is back."""
+    from lmcache.v1.multiprocess.server.tiers import tier_degradations, tier_problems
+
+    skip_without_redis()
+    cpu = LocalCPUBackend(make_config(local_cpu=False))
+    server = RedisServer(tmp_path)
+    tier = make_redis_backend(
+        server.url, cpu, optional=True, retry_interval_s=RETRY_S, connect_timeout_s=0.5
+    )
+    manager = _manager(tier, cpu)
+    try:
+        (reason,) = tier.health_degraded()
+        assert "circuit breaker open" in reason and server.url in reason
+        assert tier_problems(manager) == []
+        assert tier_degradations(manager) == [f"RedisBackend: {reason}"]
+        server.start()
+        assert _wait_until(lambda: tier.batched_contains([make_key(1)]) == 0 and tier.available)
+        assert tier.health_degraded() == [] and tier_degradations(manager) == []
+    finally:
+        manager.close()
+        server.stop()

@@ -28,6 +28,11 @@ from lmcache.v1.memory.format import MemoryFormat
 class StorageBackendInterface(metaclass=abc.ABCMeta):
     """Basic cache operations every storage tier provides."""
 
+    queues_own_puts: bool = False
+    """True for a tier whose ``batched_submit_put_task`` only queues the write in the
+    background (taking its own references) and never blocks; the storage manager then
+    calls it from the caller's thread instead of its write-through thread."""
+
     def __init__(self, dst_device: str = "cuda") -> None:
         self.dst_device = dst_device
 

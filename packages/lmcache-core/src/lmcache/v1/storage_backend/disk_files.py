@@ -27,6 +27,7 @@ from lmcache.v1.storage_backend.chunk_format import (
     read_header,
 )
 from lmcache.v1.storage_backend.disk_folder import (
+    FILE_SUFFIX,
     TMP_SUFFIX,
     EntryKind,
     classify_entry,
@@ -72,6 +73,26 @@ def write_chunk_file(
         unlink_quietly(tmp)
         raise
     return final
+
+
+def write_trial_file(folder: str, nbytes: int, fsync: bool) -> None:
+    """Write ``nbytes`` of zeros to a temporary file in ``folder`` and remove it: whether a
+    chunk of that size can be written now.  Raises the write's ``OSError``.  The name is
+    an unfinished write's, so a crash in between leaves a file the next start removes."""
+    tmp = os.path.join(
+        folder, f"{uuid.uuid4().hex}{FILE_SUFFIX}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+    )
+    block = bytes(min(max(nbytes, 1), 1 << 20))
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            left = max(nbytes, 1)
+            while left > 0:
+                _write_all(f, memoryview(block)[: min(left, len(block))])
+                left -= len(block)
+            if fsync:
+                os.fsync(f.fileno())
+    finally:
+        unlink_quietly(tmp)
 
 
 def read_chunk_file(key: CacheEngineKey, path: str, allocate: Allocate) -> MemoryObj | None:

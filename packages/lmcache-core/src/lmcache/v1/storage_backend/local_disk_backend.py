@@ -18,7 +18,15 @@ length or payload checksum does not match -- or whose checksum algorithm this pr
 cannot compute -- is logged, deleted and reported as a miss; a reader never sees its bytes.
 
 Evictions (files dropped to make room, including at start-up when the folder holds more
-than the tier's size) are counted in :attr:`LocalDiskBackend.evictions`.
+than the tier's size) are counted in :attr:`LocalDiskBackend.evictions`; failed writes and
+corrupt files in :attr:`LocalDiskBackend.errors`.
+
+Health (:meth:`LocalDiskBackend.health_problems`): the tier is unhealthy while the last
+``local_disk.unhealthy_after_failed_writes`` (default 3) writes in a row failed, or while
+the file system has less free space than one chunk (the largest chunk file seen).  A
+successful write -- or, while unhealthy and with room again, a chunk-sized trial write made
+by the health check itself -- ends it.  Failed writes are logged at most once a minute per
+kind of error, with the count left out.
 
 This module is the index, the byte budget, eviction and pins; it also re-exports the
 names of the chunk format and folder modules it was split from, so
@@ -27,16 +35,19 @@ names of the chunk format and folder modules it was split from, so
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import torch
 
+from lmcache.logging import RateLimitedLog
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
 from lmcache.v1.memory.base import MemoryObj
@@ -69,6 +80,7 @@ from lmcache.v1.storage_backend.disk_files import (
     scan_folder,
     unlink_quietly,
     write_chunk_file,
+    write_trial_file,
 )
 from lmcache.v1.storage_backend.disk_folder import (
     FILE_SUFFIX,
@@ -85,6 +97,7 @@ from lmcache.v1.storage_backend.disk_folder import (
     write_marker,
 )
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.put_tasks import PutTasks
 
 __all__ = [
     "CHECKSUM_CRC32",
@@ -118,9 +131,15 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+UNHEALTHY_AFTER_FAILED_WRITES = 3
+"""Default of ``local_disk.unhealthy_after_failed_writes``: one failure may be a fluke
+(a file removed under the tier); three in a row is a disk that does not take writes."""
+
 
 class LocalDiskBackend(StorageBackendInterface):
     """Disk tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator)."""
+
+    queues_own_puts = True
 
     def __init__(
         self,
@@ -150,9 +169,21 @@ class LocalDiskBackend(StorageBackendInterface):
         self._lock = threading.Lock()
         self._index: dict[CacheEngineKey, DiskEntry] = {}
         self._policy = get_cache_policy(self.config.cache_policy)
-        self._put_tasks: dict[CacheEngineKey, Future] = {}
+        self._puts: PutTasks[CacheEngineKey] = PutTasks()
         self._used = 0
         self._evictions = 0
+        self._errors = 0
+        self._failed_in_a_row = 0
+        self._last_failure = ""
+        self._largest_chunk = 0
+        self._unhealthy_after = int(
+            self.config.get_extra_config_value(
+                "local_disk.unhealthy_after_failed_writes", UNHEALTHY_AFTER_FAILED_WRITES
+            )
+        )
+        if self._unhealthy_after < 1:
+            raise ValueError("local_disk.unhealthy_after_failed_writes must be >= 1")
+        self._failure_log = RateLimitedLog(logger)
         self._rebuild_index()
 
     def _pick_path(self) -> str:
@@ -186,6 +217,7 @@ class LocalDiskBackend(StorageBackendInterface):
                 self._index[key] = entry
                 self._policy.on_put(key)
                 self._used += entry.file_size
+                self._largest_chunk = max(self._largest_chunk, entry.file_size)
             self._evict_locked(0)
         if found:
             logger.info(
@@ -195,8 +227,7 @@ class LocalDiskBackend(StorageBackendInterface):
     # -- writes -------------------------------------------------------------------------------
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
-        with self._lock:
-            return key in self._put_tasks
+        return key in self._puts
 
     def batched_submit_put_task(
         self,
@@ -212,19 +243,22 @@ class LocalDiskBackend(StorageBackendInterface):
             header = json.dumps(encode_header(key, obj)).encode("utf-8")
             file_size = PREFIX_SIZE + len(header) + obj.get_size()
             with self._lock:
-                if key in self._index or key in self._put_tasks:
+                if key in self._index or key in self._puts:
                     continue
                 if not self._evict_locked(file_size):
                     logger.debug("disk tier full (pinned or in use): put of %s skipped", key)
                     continue
                 self._used += file_size
+                self._largest_chunk = max(self._largest_chunk, file_size)
                 obj.ref_count_up()
-                future = self._executor.submit(
-                    self._write, key, obj, header, file_size, on_complete_callback
-                )
-                self._put_tasks[key] = future
-            futures.append(future)
+                write = partial(self._write, key, obj, header, file_size, on_complete_callback)
+                future = self._puts.start([key], partial(self._submit, write))
+            if future is not None:
+                futures.append(future)
         return futures
+
+    def _submit(self, write: Callable[[], None], _keys: list[CacheEngineKey]) -> Future:
+        return self._executor.submit(write)
 
     def _write(
         self,
@@ -236,20 +270,45 @@ class LocalDiskBackend(StorageBackendInterface):
     ) -> None:
         try:
             final = write_chunk_file(self.path, key, obj, header, self._fsync)
-        except BaseException:
-            logger.exception("disk write of %s failed", key)
+        except BaseException as exc:
             with self._lock:
                 self._used -= file_size
-                self._put_tasks.pop(key, None)
+                self._puts.finish([key])
             obj.ref_count_down()
+            self._write_failed(exc)
             raise
         with self._lock:
             self._index[key] = DiskEntry(final, file_size, json.loads(header))
             self._policy.on_put(key)
-            self._put_tasks.pop(key, None)
+            self._puts.finish([key])
         obj.ref_count_down()
+        self._write_succeeded()
         if on_complete_callback is not None:
             on_complete_callback(key)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._errors += 1
+            self._failed_in_a_row += 1
+            self._last_failure = f"{type(exc).__name__}: {exc}"
+        # A full or broken disk fails every write: one line per kind and interval, with the
+        # count; a traceback only for what is not an I/O error (a bug).
+        code = exc.errno if isinstance(exc, OSError) else None
+        kind = errno.errorcode.get(code, "OSError") if code is not None else ""
+        self._failure_log.log(
+            logging.WARNING,
+            kind or type(exc).__name__,
+            "disk tier %s: a chunk write failed: %s",
+            self.path,
+            self._last_failure,
+            exc_info=None if isinstance(exc, OSError) else exc,
+        )
+
+    def _write_succeeded(self) -> None:
+        with self._lock:
+            failed, self._failed_in_a_row = self._failed_in_a_row, 0
+        if failed >= self._unhealthy_after:
+            logger.warning("disk tier %s: writes succeed again after %d failed", self.path, failed)
 
     def _evict_locked(self, incoming: int) -> bool:
         """Make room for ``incoming`` bytes; False if pinned/in-use files prevent it."""
@@ -305,13 +364,7 @@ class LocalDiskBackend(StorageBackendInterface):
         return hits
 
     def _wait_for_put_of(self, keys: list[CacheEngineKey]) -> None:
-        with self._lock:
-            pending = [self._put_tasks[k] for k in keys if k in self._put_tasks]
-        for future in pending:
-            try:
-                future.result()
-            except BaseException:
-                pass  # the failed put left no file: a miss
+        self._puts.wait_for(keys)  # a failed put left no file: a miss
 
     def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         self._wait_for_put_of([key])
@@ -333,8 +386,10 @@ class LocalDiskBackend(StorageBackendInterface):
             obj, corrupt = None, True
         with self._lock:
             entry.readers -= 1
-            if corrupt and self._index.get(key) is entry:
-                self._drop_locked(key)
+            if corrupt:
+                self._errors += 1
+                if self._index.get(key) is entry:
+                    self._drop_locked(key)
         return obj
 
     def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
@@ -392,13 +447,59 @@ class LocalDiskBackend(StorageBackendInterface):
 
     def wait_for_puts(self) -> None:
         """Block until every submitted put has finished (tests, shutdown, benchmarks)."""
+        self._puts.wait_for()
+
+    # -- health -------------------------------------------------------------------------------
+
+    def health_problems(self) -> list[str]:
+        """Why the tier cannot take writes now (empty when it can): the last writes all
+        failed, or there is less free space than one chunk."""
+        problems = []
+        free = self._free_bytes()
+        chunk = self._largest_chunk
+        room = free is None or free >= chunk
+        if not room:
+            problems.append(
+                f"{free} bytes free on {self.path}, less than one chunk ({chunk} bytes)"
+            )
         with self._lock:
-            keys = list(self._put_tasks)
-        self._wait_for_put_of(keys)
+            failed, last = self._failed_in_a_row, self._last_failure
+        if failed >= self._unhealthy_after and not (room and self._trial_write_works(chunk)):
+            problems.append(f"the last {failed} writes to {self.path} failed ({last})")
+        return problems
+
+    def _free_bytes(self) -> int | None:
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return None  # a missing folder fails the writes (and the server's own probe)
+        return int(st.f_bavail * st.f_frsize)
+
+    def _trial_write_works(self, nbytes: int) -> bool:
+        """While writes fail, the health check tries one chunk-sized write itself, so an
+        idle tier recovers when the disk does; a success counts as a successful write."""
+        try:
+            write_trial_file(self.path, nbytes, self._fsync)
+        except OSError as exc:
+            with self._lock:
+                self._last_failure = f"{type(exc).__name__}: {exc}"
+            return False
+        self._write_succeeded()
+        return True
 
     @property
     def used_bytes(self) -> int:
         return self._used
+
+    @property
+    def failed_writes_in_a_row(self) -> int:
+        """Writes that failed since the last one that succeeded."""
+        return self._failed_in_a_row
+
+    @property
+    def errors(self) -> int:
+        """Failed writes and corrupt files found by reads since the tier started."""
+        return self._errors
 
     @property
     def evictions(self) -> int:

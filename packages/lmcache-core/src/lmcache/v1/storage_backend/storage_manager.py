@@ -1,9 +1,10 @@
 """The storage manager: L1 CPU -> L2 disk -> plugin backends, behind one backend interface.
 
 * Puts go to L1 synchronously and are written through to every lower tier in the
-  background (tiers that queue their own writes, like the disk tier, directly; others on
-  the manager's writer thread).  The returned futures finish when the lower tiers have the
-  data; ``on_complete_callback`` fires once a key is readable through the manager.
+  background (tiers that queue their own writes, the disk and Redis tiers, directly;
+  others on the manager's writer thread).  The returned futures finish when the lower
+  tiers have the data; ``on_complete_callback`` fires once a key is readable through the
+  manager.
 * Lookups (``batched_contains``) count the leading keys present in *any* tier, advancing
   tier by tier with each tier's batch call rather than probing key by key.
 * A hit in a lower tier is promoted into L1.
@@ -208,8 +209,9 @@ class StorageManager(AllocatorBackendInterface):
         transfer_spec: Any,
         callback: Callable[[CacheEngineKey], None] | None,
     ) -> list[Future]:
-        if isinstance(backend, LocalDiskBackend):
-            # The disk tier queues its own writes (and holds its own references).
+        if backend.queues_own_puts:
+            # The disk and Redis tiers queue their own writes (and hold their own
+            # references); through the writer thread a hung tier would hold up the others.
             return backend.batched_submit_put_task(keys, objs, transfer_spec, callback) or []
         for obj in objs:
             obj.ref_count_up()  # the writer thread's references
@@ -242,8 +244,9 @@ class StorageManager(AllocatorBackendInterface):
         for future in pending:
             future.exception()
         for backend in self._lower:
-            if isinstance(backend, LocalDiskBackend):
-                backend.wait_for_puts()
+            wait = getattr(backend, "wait_for_puts", None)
+            if backend.queues_own_puts and callable(wait):
+                wait()
 
     # -- reads --------------------------------------------------------------------------------
 

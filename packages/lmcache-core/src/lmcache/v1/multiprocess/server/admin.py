@@ -16,7 +16,11 @@ import msgspec
 
 from lmcache.v1.multiprocess.server.lookup import LookupOps
 from lmcache.v1.multiprocess.server.state import DIRECT_SUB_PATH
-from lmcache.v1.multiprocess.server.tiers import describe_tiers, tier_problems
+from lmcache.v1.multiprocess.server.tiers import (
+    describe_tiers,
+    tier_degradations,
+    tier_problems,
+)
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
 from lmcache.v1.multiprocess.wire.custom_types import (
     KV_EVENT_CAPABILITY,
@@ -130,8 +134,13 @@ class AdminOps(WorkerRegistry, LookupOps):
     # -- observability ------------------------------------------------------------------------
 
     def health_problems(self) -> list[str]:
-        """Why the server cannot serve (empty when healthy): broken or unreachable tiers."""
+        """Why the server cannot serve (empty when healthy): broken tiers."""
         return tier_problems(self.storage)
+
+    def health_degraded(self) -> list[str]:
+        """What the server serves without for now (empty when nothing): unreachable
+        remote tiers or shards, skipped behind their circuit breakers."""
+        return tier_degradations(self.storage)
 
     def tiers(self) -> list[dict[str, Any]]:
         return describe_tiers(self.storage, self._evictions)
@@ -181,6 +190,7 @@ class AdminOps(WorkerRegistry, LookupOps):
             "chunk_size": self.chunk_size,
             "healthy": not problems,
             "problems": problems,
+            "degraded": self.health_degraded(),
             "supported_transfer_mode": supported.value,
             "transfer_modes": modes,
             "shm_name": self.shm_name,

@@ -1,7 +1,8 @@
 """The HTTP frontend of ``lmcache server`` (FastAPI on uvicorn, on its own thread).
 
-Routes (upstream's names): ``GET /`` (route list), ``GET /healthcheck`` (200 healthy, 503
-with the problems otherwise), ``GET /status`` (JSON), ``GET /config`` (the server's
+Routes (upstream's names): ``GET /`` (route list), ``GET /healthcheck`` (200 healthy; 200
+degraded, with why, while a remote tier is skipped behind its circuit breaker; 503 with the
+problems otherwise), ``GET /status`` (JSON), ``GET /config`` (the server's
 configuration, secrets redacted, indented JSON), ``GET /config/adapters`` (its L2 tiers),
 ``GET /metrics`` (Prometheus text),
 ``POST /cache/clear`` (only with ``--enable-http-cache-clear``; with an admin token
@@ -165,6 +166,10 @@ def build_app(
         problems += engine.health_problems()
         if problems:
             return JSONResponse({"status": "unhealthy", "problems": problems}, status_code=503)
+        degraded = engine.health_degraded()
+        if degraded:
+            # Still serving (a restart would not bring Redis back): 200, for the probes.
+            return {"status": "degraded", "problems": degraded}
         return {"status": "healthy"}
 
     @app.get("/status")

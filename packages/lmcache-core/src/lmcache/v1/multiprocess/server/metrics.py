@@ -190,10 +190,10 @@ class _StateCollector(Collector):
                 objects.add_metric(labels, tier["objects"])
             if tier.get("evictions") is not None:
                 evictions.add_metric([tier["name"]], tier["evictions"])
-            if tier["kind"] == "disk":
-                errors.add_metric([tier["name"]], self._metrics.disk_errors.count)
-            elif tier.get("errors") is not None:
+            if tier.get("errors") is not None:
                 errors.add_metric([tier["name"]], tier["errors"])
+            elif tier["kind"] == "disk":
+                errors.add_metric([tier["name"]], self._metrics.disk_errors.count)
         yield from (used, capacity, objects, evictions, errors)
         workers = _gauge("registered_workers", "Registered workers, by transfer mode.", ["mode"])
         for mode, count in state["workers"].items():

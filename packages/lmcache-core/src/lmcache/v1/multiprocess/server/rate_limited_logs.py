@@ -1,5 +1,8 @@
 """Rate-limited logs: a peer can make the server fail or refuse in a loop, and neither
-may fill the log (refused admin requests; unexpected handler and transport failures)."""
+may fill the log (refused admin requests; unexpected handler and transport failures).
+
+:class:`RateLimitedErrorLog` lives in :mod:`lmcache.logging` (the storage tiers use the
+same helpers, and storage never imports the server); it is re-exported here."""
 
 from __future__ import annotations
 
@@ -7,12 +10,14 @@ import logging
 import threading
 import time
 
+from lmcache.logging import RateLimitedErrorLog
+
+__all__ = ["RateLimitedErrorLog", "RefusalLog"]
+
 logger = logging.getLogger(__name__)
 
 # Refused admin requests are logged at most this often.
 _REFUSAL_LOG_INTERVAL_S = 60.0
-_ERROR_LOG_INTERVAL_S = 60.0
-_ERROR_LOG_MAX_KINDS = 256
 
 
 class RefusalLog:
@@ -45,50 +50,3 @@ class RefusalLog:
             if suppressed
             else "",
         )
-
-
-class RateLimitedErrorLog:
-    """Unexpected failures: each kind (where, exception type) is logged with its traceback
-    once, then at most one line per kind per interval carrying the count left out, so a
-    flood of bad requests cannot fill the log."""
-
-    def __init__(
-        self,
-        log: logging.Logger,
-        interval_s: float = _ERROR_LOG_INTERVAL_S,
-        max_kinds: int = _ERROR_LOG_MAX_KINDS,
-    ) -> None:
-        self._log = log
-        self._interval_s = interval_s
-        self._max_kinds = max_kinds
-        self._kinds: dict[str, list[float]] = {}  # kind -> [last logged, left out since]
-        self._lock = threading.Lock()
-
-    def exception(self, where: str, exc: BaseException) -> None:
-        kind = f"{where}: {type(exc).__name__}"
-        now = time.monotonic()
-        with self._lock:
-            state = self._kinds.get(kind)
-            if state is None and len(self._kinds) >= self._max_kinds:
-                kind = "other failures"
-                state = self._kinds.get(kind)
-            if state is None:
-                self._kinds[kind] = [now, 0]
-                first, left_out = True, 0
-            elif now - state[0] < self._interval_s:
-                state[1] += 1
-                return
-            else:
-                first, left_out = False, int(state[1])
-                state[0], state[1] = now, 0
-        if first:
-            self._log.error("%s failed (traceback logged once per kind)", where, exc_info=exc)
-        else:
-            self._log.error(
-                "%s failed again: %s: %s (%d more like it in the last %.0fs not logged)",
-                where,
-                type(exc).__name__,
-                exc,
-                left_out,
-                self._interval_s,
-            )

@@ -1,8 +1,12 @@
-"""What the server reports about its storage tiers: usage, evictions and health.
+"""What the server reports about its storage tiers: usage, evictions, errors and health.
 
 The storage layer knows nothing of the server (dependencies point inward), so the server
 reads the tiers through their public attributes; the bounded tiers count their own
-evictions (``evictions``: objects dropped to make room, never removals the server asks for).
+evictions (``evictions``: objects dropped to make room, never removals the server asks for)
+and errors (``errors``), and say what is wrong with them: ``health_problems()`` (the tier
+cannot serve: the server is unhealthy) and ``health_degraded()`` (the tier is skipped for
+now, e.g. an unreachable Redis behind its open circuit breaker: the server still serves,
+degraded).
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ def describe_tiers(
         info["evictions"] = counter.evictions if counter is not None else None
         if kind == "disk":
             info["path"] = backend.path
+        errors = getattr(backend, "errors", None)
+        if isinstance(errors, int):
+            info["errors"] = errors
         stats = getattr(backend, "get_stats", None)
         if kind == "remote" and callable(stats):
             remote = stats()
@@ -80,8 +87,10 @@ def describe_tiers(
 def tier_problems(storage: StorageManager) -> list[str]:
     """Why a tier cannot serve right now (empty when every tier is healthy).
 
-    The disk tier is probed by creating and removing a file in its directory (a removed,
-    read-only or full directory fails); a remote tier reports its circuit breaker.
+    The disk tier is probed by creating and removing a file in its directory (a removed or
+    read-only directory fails), then asked itself (its last writes all failed, or less
+    free space than one chunk).  A remote tier that is unreachable is not a problem here
+    but a degradation (:func:`tier_degradations`).
     """
     problems = []
     backend: Any
@@ -92,11 +101,27 @@ def tier_problems(storage: StorageManager) -> list[str]:
                 problems.append(f"{name}: closed")
         elif kind == "disk":
             problem = _probe_directory(backend.path)
-            if problem:
-                problems.append(f"{name}: {problem}")
-        elif getattr(backend, "available", True) is False:
-            problems.append(f"{name}: unreachable")
+            own = getattr(backend, "health_problems", None)
+            found = [problem] if problem else (own() if callable(own) else [])
+            problems += [f"{name}: {p}" for p in found]
     return problems
+
+
+def tier_degradations(storage: StorageManager) -> list[str]:
+    """Tiers the server skips for now while it keeps serving: a remote tier (or cluster
+    shard) whose circuit breaker is open.  A restart would not help, so this is reported
+    as degraded, not unhealthy."""
+    reasons = []
+    backend: Any
+    for name, backend in storage.storage_backends.items():
+        if tier_kind(name, backend) != "remote":
+            continue
+        own = getattr(backend, "health_degraded", None)
+        if callable(own):
+            reasons += [f"{name}: {r}" for r in own()]
+        elif getattr(backend, "available", True) is False:
+            reasons.append(f"{name}: unreachable")
+    return reasons
 
 
 def _probe_directory(path: str) -> str | None:

@@ -13,12 +13,14 @@ slot, and a chunk's value is a single key, so it never spans slots.
 Every batch is one pipeline: a prefix lookup of N keys is N ``EXISTS`` in one round trip
 (one per shard in cluster mode; the prefix is computed over the merged answers), gets are
 one ``MGET`` (per-shard ``GET`` pipelines in cluster mode), puts are ``SET NX [PX ttl]``
-pipelines run on a small thread pool.  Round trips are counted by the connections
-themselves (:attr:`RedisBackend.stats`).
+pipelines run on a small thread pool behind a bounded queue (``put_queue_chunks``).  Round
+trips are counted by the connections themselves (:attr:`RedisBackend.stats`).
 
-Failures never reach the caller: while Redis is unreachable lookups and gets are misses and
-puts are dropped and counted; the tier probes again every ``retry_interval_s`` and resumes
-on its own.  At start an unreachable Redis is an error, or a warning when ``optional``.
+Failures never reach the caller: while Redis is unreachable (its circuit breaker open, the
+tier reported degraded) lookups and gets are misses and puts are dropped and counted; one
+half-open probe ``retry_interval_s`` after the last failure finds it back, so a hung Redis
+holds at most one call per interval for the socket timeout.  At start an unreachable Redis
+is an error, or a warning when ``optional``.
 
 Configuration: :class:`~.settings.RedisSettings` (``extra_config["storage_plugin.redis.
 <option>"]``, ``remote_url``, or the server's ``--l2-adapter '{"type": "resp", ...}'`` JSON).
@@ -31,9 +33,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from lmcache.logging import RateLimitedLog
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig, LMCacheMetadata
 from lmcache.v1.memory.base import MemoryObj
@@ -48,6 +51,7 @@ from lmcache.v1.storage_backend.chunk_format import (
     decode_value,
 )
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from lmcache.v1.storage_backend.put_tasks import PutTasks
 from lmcache.v1.storage_backend.redis.breaker import CircuitBreaker, RedisStats
 from lmcache.v1.storage_backend.redis.codec import EncodeBuffer
 from lmcache.v1.storage_backend.redis.connection import (
@@ -83,7 +87,9 @@ class RedisBackend(RedisPuts, StoragePluginInterface):
             settings = RedisSettings.from_config(config or LMCacheEngineConfig())
         self.settings = settings
         self.stats = RedisStats()
-        self._availability = CircuitBreaker(settings.retry_interval_s, self.stats)
+        self._availability = CircuitBreaker(
+            settings.retry_interval_s, self.stats, probe_timeout_s=settings.probe_timeout_s
+        )
         self._shard_breakers: dict[str, CircuitBreaker] = {}
         self._classes = counting_connection_classes(self.stats)
         self._prefix = f"{settings.namespace}:"
@@ -91,8 +97,10 @@ class RedisBackend(RedisPuts, StoragePluginInterface):
         self._client: Any = None
         self._aclient: Any = None
         self._pins: dict[CacheEngineKey, int] = {}
-        self._put_tasks: dict[CacheEngineKey, Future] = {}
+        self._puts = PutTasks(limit=settings.put_queue_chunks)
         self._lock = threading.Lock()
+        self._put_log = RateLimitedLog(logger)
+        self._error_log = RateLimitedLog(logger)
         self._executor = ThreadPoolExecutor(
             max_workers=settings.put_workers, thread_name_prefix="lmc-redis-put"
         )

@@ -1,7 +1,8 @@
 """Counters of the Redis tier and the circuit breaker (one per tier, one per cluster shard).
 
 While a breaker is open, calls skip Redis (lookups and gets miss, puts are dropped and
-counted) until one caller per ``retry_interval_s`` probes it again.
+counted) until a single half-open probe, ``retry_interval_s`` after the last failure,
+finds it back.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ class RedisStats:
     puts: int = 0
     put_bytes: int = 0
     puts_dropped: int = 0
+    """Puts that did not land: Redis down or failing, or the put queue full."""
+    puts_queue_full: int = 0
+    """Of ``puts_dropped``: refused at once because the put queue was full."""
     hits: int = 0
     misses: int = 0
     corrupt: int = 0
@@ -40,29 +44,49 @@ class RedisStats:
 
 
 class CircuitBreaker:
-    """Circuit breaker: after a connection failure, calls skip Redis until the next probe."""
+    """Circuit breaker: the first connection failure (a refusal or a timeout) opens it;
+    while open, calls skip Redis and fail fast.  Once ``retry_interval_s`` has passed since
+    the last failure, exactly one call goes through as the half-open probe -- every other
+    call keeps failing fast while it is in flight -- and its success closes the breaker.
 
-    def __init__(self, retry_interval_s: float, stats: RedisStats, what: str = "tier") -> None:
+    So with Redis hung, at most one call per ``retry_interval_s`` (plus the probe's own
+    timeout) waits for the socket timeout; a probe that fails reopens the breaker and the
+    next one comes ``retry_interval_s`` after that failure.  A probe that neither succeeds
+    nor fails (its caller died of something else) is given up after ``probe_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        retry_interval_s: float,
+        stats: RedisStats,
+        what: str = "tier",
+        probe_timeout_s: float | None = None,
+    ) -> None:
         self._interval = retry_interval_s
+        self._probe_timeout = probe_timeout_s if probe_timeout_s is not None else 60.0
         self._stats = stats
         self._what = what
         self._lock = threading.Lock()
         self._down = False
         self._next_probe = 0.0
+        self._probe_until = 0.0  # a half-open probe is in flight until then
 
     @property
     def is_up(self) -> bool:
         return not self._down
 
     def allow(self) -> bool:
-        """True if a call may go to Redis (up, or it is time for one probe)."""
+        """True if a call may go to Redis: the breaker is closed, or this call is the one
+        half-open probe."""
         if not self._down:
             return True
         with self._lock:
+            if not self._down:
+                return True
             now = time.monotonic()
-            if now < self._next_probe:
+            if now < self._next_probe or now < self._probe_until:
                 return False
-            self._next_probe = now + self._interval  # one prober per interval
+            self._probe_until = now + self._probe_timeout
             return True
 
     def failed(self, exc: BaseException) -> None:
@@ -79,10 +103,24 @@ class CircuitBreaker:
                     self._interval,
                 )
             self._next_probe = time.monotonic() + self._interval
+            self._probe_until = 0.0
+
+    def answered(self, exc: BaseException) -> None:
+        """A call got an error that is no connection failure: a reply from Redis (a
+        ``ResponseError``) proves it reachable; anything else proves nothing, and only ends
+        a half-open probe so another may go."""
+        import redis
+
+        if isinstance(exc, redis.ResponseError):
+            self.succeeded()
+        else:
+            with self._lock:
+                self._probe_until = 0.0
 
     def succeeded(self) -> None:
         if self._down:
             with self._lock:
                 if self._down:
                     self._down = False
+                    self._probe_until = 0.0
                     logger.warning("redis %s is reachable again; resumed", self._what)

@@ -21,12 +21,26 @@ class ShardedConnections(RedisConnections):
 
     _shard_breakers: dict[str, CircuitBreaker]
 
+    def health_degraded(self) -> list[str]:
+        """The tier's breaker, then each cluster shard whose own breaker is open."""
+        reasons = super().health_degraded()
+        with self._client_lock:
+            shards = sorted((n, b) for n, b in self._shard_breakers.items() if not b.is_up)
+        reasons += [
+            f"redis cluster shard {node} unreachable: its keys miss and their puts are dropped"
+            for node, _ in shards
+        ]
+        return reasons
+
     def _shard_breaker(self, node: str) -> CircuitBreaker:
         with self._client_lock:
             breaker = self._shard_breakers.get(node)
             if breaker is None:
                 breaker = CircuitBreaker(
-                    self.settings.retry_interval_s, self.stats, f"shard {node}"
+                    self.settings.retry_interval_s,
+                    self.stats,
+                    f"shard {node}",
+                    self.settings.probe_timeout_s,
                 )
                 self._shard_breakers[node] = breaker
             return breaker
@@ -61,8 +75,7 @@ class ShardedConnections(RedisConnections):
             self._on_connection_error(exc)
             return None
         except redis.RedisError as exc:
-            self.stats.add(errors=1)
-            logger.warning("redis %s failed: %s", what, exc)
+            self._on_redis_error(exc, what)
             return None
         self._availability.succeeded()
         answers: list[Any] = [unreached] * len(names)
@@ -78,7 +91,15 @@ class ShardedConnections(RedisConnections):
                 continue
             except redis.RedisError as exc:
                 self.stats.add(errors=1)
-                logger.warning("redis %s on shard %s failed: %s", what, node, exc)
+                breaker.answered(exc)
+                self._error_log.log(
+                    logging.WARNING,
+                    f"{what} on {node}: {type(exc).__name__}",
+                    "redis %s on shard %s failed: %s",
+                    what,
+                    node,
+                    exc,
+                )
                 continue
             breaker.succeeded()
             for index, result in zip(indices, results):

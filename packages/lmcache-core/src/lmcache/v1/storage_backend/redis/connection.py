@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
+from lmcache.logging import RateLimitedLog
 from lmcache.v1.storage_backend.redis.breaker import CircuitBreaker, RedisStats
 from lmcache.v1.storage_backend.redis.settings import RedisSettings
 
@@ -90,6 +91,7 @@ class RedisConnections:
     stats: RedisStats
     loop: asyncio.AbstractEventLoop | None
     _availability: CircuitBreaker
+    _error_log: RateLimitedLog
     _classes: tuple[type, type, type, type]
     _client_lock: threading.Lock
     _client: Any
@@ -192,11 +194,17 @@ class RedisConnections:
             self._on_connection_error(exc)
             return None
         except redis.RedisError as exc:
-            self.stats.add(errors=1)
-            logger.warning("redis %s failed: %s", what, exc)
+            self._on_redis_error(exc, what)
             return None
         self._availability.succeeded()
         return result
+
+    def _on_redis_error(self, exc: BaseException, what: str) -> None:
+        self.stats.add(errors=1)
+        self._availability.answered(exc)
+        self._error_log.log(
+            logging.WARNING, f"{what}: {type(exc).__name__}", "redis %s failed: %s", what, exc
+        )
 
     def _on_connection_error(self, exc: BaseException) -> None:
         self.stats.add(errors=1)
@@ -215,6 +223,16 @@ class RedisConnections:
     def available(self) -> bool:
         """False while Redis is known to be unreachable."""
         return self._availability.is_up
+
+    def health_degraded(self) -> list[str]:
+        """Why the tier serves less than it should (empty when it serves fully): its
+        breaker is open -- lookups miss and puts are dropped until a probe succeeds."""
+        if self._availability.is_up:
+            return []
+        return [
+            f"redis {self.settings.redacted()['url']} unreachable: circuit breaker open, "
+            "lookups miss and puts are dropped until a probe succeeds"
+        ]
 
     def get_stats(self) -> dict[str, int]:
         return self.stats.snapshot()
@@ -252,8 +270,7 @@ class RedisConnections:
                 await aclose_quietly(client)
             return None
         except redis.RedisError as exc:
-            self.stats.add(errors=1)
-            logger.warning("redis %s failed: %s", what, exc)
+            self._on_redis_error(exc, what)
             return None
         finally:
             if not persistent and client is not None:

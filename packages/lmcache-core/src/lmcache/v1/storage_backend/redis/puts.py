@@ -1,22 +1,24 @@
 """The Redis tier's put path: ``SET NX [PX ttl]`` pipelines on a small thread pool.
 
 Values are encoded (chunk format, :mod:`.codec`) on the pool, batched by bytes; a put
-never raises to its caller: a failed or unreachable write is dropped and counted in the
-tier's stats.  Reads of a key wait for its pending put, so a reader never misses a value
-this process is still writing.
+never raises to its caller and never waits: a failed or unreachable write is dropped and
+counted in the tier's stats, and so is a put past the bounded queue
+(``put_queue_chunks``), with a rate-limited warning.  Reads of a key wait for its pending
+put, so a reader never misses a value this process is still writing.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from lmcache.logging import RateLimitedLog
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory.base import MemoryObj
+from lmcache.v1.storage_backend.put_tasks import PutTasks, PutTasksFull
 from lmcache.v1.storage_backend.redis.cluster import UNREACHED, ShardedConnections
 from lmcache.v1.storage_backend.redis.codec import EncodeBuffer, put_batches
 
@@ -26,17 +28,17 @@ logger = logging.getLogger(__name__)
 class RedisPuts(ShardedConnections):
     """:class:`ShardedConnections` plus the queued, counted puts of the Redis tier."""
 
-    _lock: threading.Lock
-    _put_tasks: dict[CacheEngineKey, Future]
+    queues_own_puts = True
+    _puts: PutTasks[CacheEngineKey]
     _encoder: EncodeBuffer
+    _put_log: RateLimitedLog
 
     @abc.abstractmethod
     def redis_key(self, key: CacheEngineKey) -> str:
         """Redis key of ``key`` (the backend decides the naming)."""
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
-        with self._lock:
-            return key in self._put_tasks
+        return key in self._puts
 
     def batched_submit_put_task(
         self,
@@ -45,22 +47,40 @@ class RedisPuts(ShardedConnections):
         transfer_spec: Any = None,
         on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
     ) -> list[Future] | None:
-        """Queue ``SET NX`` pipelines; futures never raise (failed puts are counted)."""
+        """Queue ``SET NX`` pipelines; never blocks, and futures never raise (failed puts
+        and puts past the queue's bound are dropped and counted)."""
         if len(keys) != len(objs):
             raise ValueError(f"{len(keys)} keys but {len(objs)} objects")
         futures: list[Future] = []
         for batch in put_batches(list(zip(keys, objs)), self.settings.max_batch_bytes):
-            with self._lock:
-                batch = [(k, o) for k, o in batch if k not in self._put_tasks]
-                if not batch:
-                    continue
-                for _, obj in batch:
-                    obj.ref_count_up()  # released once the value is encoded
-                future = self._executor.submit(self._put_batch, batch, on_complete_callback)
-                for key, _ in batch:
-                    self._put_tasks[key] = future
-            futures.append(future)
+            future = self._queue_batch(dict(batch), on_complete_callback)
+            if future is not None:
+                futures.append(future)
         return futures
+
+    def _queue_batch(
+        self,
+        batch: dict[CacheEngineKey, MemoryObj],
+        on_complete_callback: Callable[[CacheEngineKey], None] | None,
+    ) -> Future | None:
+        def submit(fresh: list[CacheEngineKey]) -> Future:
+            chosen = [(key, batch[key]) for key in fresh]
+            for _, obj in chosen:
+                obj.ref_count_up()  # released once the value is encoded
+            return self._executor.submit(self._put_batch, chosen, on_complete_callback)
+
+        try:
+            return self._puts.start(list(batch), submit)
+        except PutTasksFull as full:
+            self.stats.add(puts_dropped=full.keys, puts_queue_full=full.keys)
+            self._put_log.log(
+                logging.WARNING,
+                "queue full",
+                "redis put queue full (%d chunks): %d chunks dropped",
+                full.limit,
+                full.keys,
+            )
+            return None
 
     def _put_batch(
         self,
@@ -76,13 +96,19 @@ class RedisPuts(ShardedConnections):
                 for _, obj in batch:
                     obj.ref_count_down()
             stored = self._store(keys, values)
-        except Exception:
-            logger.exception("redis put of %d chunks failed", len(keys))
+        except Exception as exc:
+            self._put_log.log(
+                logging.ERROR,
+                f"put: {type(exc).__name__}",
+                "redis put of %d chunks failed: %s: %s",
+                len(keys),
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
             stored = None
         finally:
-            with self._lock:
-                for key in keys:
-                    self._put_tasks.pop(key, None)
+            self._puts.finish(keys)
         if stored is None:
             self.stats.add(puts_dropped=len(keys))
             return
@@ -119,14 +145,8 @@ class RedisPuts(ShardedConnections):
         return self._run(lambda c: op(c, range(len(keys))), "put")  # type: ignore[no-any-return]
 
     def _wait_for_pending(self, keys: list[CacheEngineKey]) -> None:
-        with self._lock:
-            pending = {id(f): f for k in keys if (f := self._put_tasks.get(k)) is not None}
-        for future in pending.values():
-            future.exception()
+        self._puts.wait_for(keys)
 
     def wait_for_puts(self) -> None:
         """Block until every submitted put has finished (tests, shutdown, benchmarks)."""
-        with self._lock:
-            pending = {id(f): f for f in self._put_tasks.values()}
-        for future in pending.values():
-            future.exception()
+        self._puts.wait_for()

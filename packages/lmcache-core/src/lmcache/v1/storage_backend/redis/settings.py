@@ -36,7 +36,8 @@ class RedisSettings:
     optional: bool = False
     """Unreachable at start: warn and keep trying instead of failing."""
     retry_interval_s: float = 1.0
-    """While Redis is down, calls are misses without network I/O; probe again this often."""
+    """While Redis is down, calls are misses without network I/O; one call probes it again
+    this long after the last failure (the others keep failing fast meanwhile)."""
     username: str | None = None
     password: str | None = None
     ssl_ca_certs: str | None = None
@@ -44,6 +45,9 @@ class RedisSettings:
     ssl_keyfile: str | None = None
     ssl_cert_reqs: str = "required"
     put_workers: int = 2
+    put_queue_chunks: int = 1024
+    """Chunks queued or being written at most; a put past it is dropped (counted in
+    ``puts_dropped`` and ``puts_queue_full``) rather than wait or hold more memory."""
     max_batch_bytes: int = 64 << 20
     """Puts are split into pipelines of at most this many value bytes."""
 
@@ -62,8 +66,19 @@ class RedisSettings:
                 raise ValueError(f"redis option {name} must be > 0")
         if self.ttl_s is not None and self.ttl_s <= 0:
             raise ValueError("redis option ttl_s must be > 0 (or unset)")
-        if self.max_connections < 1 or self.put_workers < 1 or self.max_batch_bytes < 1:
-            raise ValueError("redis max_connections, put_workers, max_batch_bytes must be >= 1")
+        if (
+            min(self.max_connections, self.put_workers, self.max_batch_bytes, self.put_queue_chunks)
+            < 1
+        ):
+            raise ValueError(
+                "redis max_connections, put_workers, max_batch_bytes, put_queue_chunks must be >= 1"
+            )
+
+    @property
+    def probe_timeout_s(self) -> float:
+        """The longest a probe can take (a pooled connection, connect, one command); a
+        probe not over by then is given up and another may go."""
+        return self.connect_timeout_s + 2 * self.timeout_s + 1.0
 
     @classmethod
     def from_mapping(
