@@ -67,3 +67,50 @@ def test_segment_larger_than_free_shm_is_an_error_and_leaves_nothing() -> None:
         assert result[what].startswith("cannot reserve 0.03 GiB of shared memory"), result
         assert "No space left on device" in result[what], result
         assert result[what + " left"] == [], result
+
+
+# Inside a private /dev/shm (holding the lock on the machine's would stall every other
+# process's reservations): a reservation waits while another holds the turn, and goes
+# ahead alone, with a warning, once the turn is held past RESERVE_LOCK_WAIT_S.
+_TURNS = textwrap.dedent(
+    """
+    import fcntl, json, logging, os, threading
+    from lmcache.v1.platform.cpu import shm
+
+    warnings = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+
+    logging.getLogger(shm.__name__).addHandler(Collect())
+
+    def reserve_in_thread():
+        done = threading.Event()
+        target = lambda: (shm.create_segment(4096), done.set())  # noqa: E731
+        threading.Thread(target=target, daemon=True).start()  # a stuck one cannot hold exit
+        return done
+
+    other = os.open(shm.SHM_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(other, fcntl.LOCK_EX)  # another reservation under way
+    done = reserve_in_thread()
+    waited = not done.wait(1.0)
+    fcntl.flock(other, fcntl.LOCK_UN)
+    finished_after_turn = done.wait(30)
+
+    shm.RESERVE_LOCK_WAIT_S = 0.2
+    fcntl.flock(other, fcntl.LOCK_EX)  # held on and on (a stopped process)
+    finished_alone = reserve_in_thread().wait(30)
+    print(json.dumps({"waited": waited, "finished_after_turn": finished_after_turn,
+                      "finished_alone": finished_alone, "warnings": warnings}))
+    """
+)
+
+
+def test_reservations_take_turns_and_never_wait_forever() -> None:
+    proc = run_with_private_shm("8m", [sys.executable, "-c", _TURNS], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["waited"] and result["finished_after_turn"], result
+    assert result["finished_alone"], result
+    assert len(result["warnings"]) == 1 and "reserving without waiting" in result["warnings"][0]
