@@ -39,7 +39,7 @@ def test_long_prefault_logs_start_quarters_and_time(
     with caplog.at_level(logging.INFO, logger=LOGGER):
         prefault_buffer(buffer, "/dev/shm/lmcache_mp_test")
     lines = _info_lines(caplog)
-    assert lines[0] == "prefaulting L1: 0.01 GiB in /dev/shm/lmcache_mp_test"
+    assert lines and lines[0] == "prefaulting L1: 0.01 GiB in /dev/shm/lmcache_mp_test", lines
     assert [re.sub(r" \(.*", "", line) for line in lines[1:-1]] == [
         "prefaulting L1: 25%",
         "prefaulting L1: 50%",
