@@ -117,8 +117,10 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
 
 
 def check_l1_fits(size_gb: float, in_shm: bool) -> None:
-    """L1 is touched page by page at start-up: more than /dev/shm (or memory) holds would
-    end in SIGBUS or the OOM killer, with the segment left behind."""
+    """L1 is touched page by page at start-up: more than memory holds would end with the
+    OOM killer.  In shared memory this is the early, friendly refusal; the guarantee is the
+    reservation made when the segment is created (another process may fill /dev/shm
+    between this check and then)."""
     from lmcache.v1.multiprocess.config import meminfo_available_bytes
 
     size = int(size_gb * 1024**3)
