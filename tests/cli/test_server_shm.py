@@ -55,6 +55,7 @@ def test_servers_starting_together_each_run_or_are_refused_cleanly(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 22 server starts; its own limit (560 s) comes first
 def test_crash_loop_of_killed_servers_does_not_grow_dev_shm() -> None:
     """20 servers SIGKILLed after start-up, beside a live neighbour: each start reclaims
     what the previous kill left, never the neighbour's segment."""
