@@ -2,10 +2,12 @@
 
 Tests of what happens when ``/dev/shm`` fills up, or of what is left in it, must neither
 fill the machine's ``/dev/shm`` nor be disturbed by other processes' segments there: the
-command runs under ``unshare -m --propagation private`` with a fresh tmpfs of the given
-size mounted on ``/dev/shm``, seen by it and its children only.  That needs ``unshare``
-and the right to mount (root); a machine without them is a missing prerequisite
-(:mod:`prerequisites`).
+command runs under ``unshare --mount --propagation private`` with a fresh tmpfs of the given
+size mounted on ``/dev/shm``, seen by it and its children only.  The command is also the
+first process of a pid namespace of its own (``/proc`` remounted to match), so when it ends
+or is killed (a timeout) every process it started ends with it: no server outlives a
+failed test.  That needs ``unshare`` and the right to mount (root); a machine without them
+is a missing prerequisite (:mod:`prerequisites`).
 
 Imported as ``private_shm`` (``tests/`` is on ``sys.path``, like ``prerequisites``).
 """
@@ -25,8 +27,8 @@ _MOUNT_THEN_EXEC = 'mount -t tmpfs -o size="$0" tmpfs /dev/shm && exec "$@"'
 
 def private_shm_command(size: str, command: Sequence[str]) -> list[str]:
     """``command`` run with a private ``size`` tmpfs (e.g. ``"64m"``) on ``/dev/shm``."""
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", _MOUNT_THEN_EXEC, size,
-            *command]  # fmt: skip
+    return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
+            "--mount-proc", "sh", "-c", _MOUNT_THEN_EXEC, size, *command]  # fmt: skip
 
 
 @functools.cache

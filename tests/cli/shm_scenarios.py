@@ -84,6 +84,10 @@ def _env() -> dict[str, str]:
     return env
 
 
+# Every server started, so a scenario that fails half-way still stops them all.
+_STARTED: list[Server] = []
+
+
 class Server:
     """One ``lmcache server`` subprocess, its output in files under ``workdir``."""
 
@@ -100,6 +104,7 @@ class Server:
             command = [sys.executable, "-c", _GATED_SERVER, str(gate), *argv]
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(command, stdout=out, stderr=err, env=_env())
+        _STARTED.append(self)
 
     def announced(self) -> bool:
         return READY_LINE in self.out_path.read_text()
@@ -262,10 +267,15 @@ def main() -> int:
     loop.add_argument("kills", type=int)
     loop.add_argument("--l1-size-gb", type=float, required=True)
     args = parser.parse_args()
-    if args.scenario == "concurrent":
-        result = concurrent(args.servers, args.l1_size_gb, gate=not args.no_gate)
-    else:
-        result = crash_loop(args.kills, args.l1_size_gb)
+    try:
+        if args.scenario == "concurrent":
+            result = concurrent(args.servers, args.l1_size_gb, gate=not args.no_gate)
+        else:
+            result = crash_loop(args.kills, args.l1_size_gb)
+    finally:
+        for server in _STARTED:
+            if server.proc.poll() is None:
+                server.stop(signal.SIGKILL)
     print(json.dumps(result))
     return 0
 
