@@ -14,6 +14,8 @@ import mmap
 import os
 import threading
 
+from lmcache.v1.platform.cpu.shm import SHM_DIR
+
 __all__ = [
     "shm_create_readwrite",
     "shm_map_readwrite",
@@ -21,8 +23,6 @@ __all__ = [
     "shm_open_pool_as_mmap",
     "shm_unlink",
 ]
-
-SHM_DIR = "/dev/shm"
 
 _lock = threading.Lock()
 _mappings: dict[int, mmap.mmap] = {}

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from lmcache.utils import process_is_running
 from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
+from lmcache.v1.platform.cpu.shm import SHM_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def server_answers(url: str, timeout: float = 1.0) -> bool:
 
 # Where the per-port lock files live: a directory every process on the machine sees the
 # same whatever its $TMPDIR (two vLLMs with different TMPDIRs must still take turns).
-LOCK_DIRS: tuple[str, ...] = ("/dev/shm",)
+LOCK_DIRS: tuple[str, ...] = (SHM_DIR,)
 
 
 def _lock_dir() -> Path:

@@ -19,7 +19,12 @@ import os
 
 import torch
 
-from lmcache.v1.platform.cpu.shm import SHM_DIR, new_segment_name, shm_segment_of
+from lmcache.v1.platform.cpu.shm import (
+    SHM_DIR,
+    new_segment_name,
+    reserve_segment_space,
+    shm_segment_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +63,7 @@ def remap_storage_to_shm(tensor: torch.Tensor) -> str:
     path = os.path.join(SHM_DIR, name.lstrip("/"))
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, size)
+        reserve_segment_space(fd, size, name)  # a full /dev/shm is an error here, not a SIGBUS
         with mmap.mmap(fd, size, mmap.MAP_SHARED, _PROT_READ_WRITE) as staging:
             holder = ctypes.c_char.from_buffer(staging)
             try:

@@ -201,7 +201,10 @@ class MPServerConfig:
         if not self.shm_name:
             return None
         if self.shm_name == AUTO_SHM:
-            return f"lmcache_mp_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+            from lmcache.v1.platform.cpu.shm import new_l1_segment_name
+
+            # The name records this process, so a later server can reclaim it if we die.
+            return new_l1_segment_name()
         return self.shm_name.lstrip("/")
 
     def tier_settings(self) -> TierSettings:
@@ -240,8 +243,10 @@ def default_l1_size_gb() -> float:
     available = meminfo_available_bytes()
     if available:
         candidates.append(available * _DEFAULT_L1_FREE_FRACTION / 1024**3)
+    from lmcache.v1.platform.cpu.shm import SHM_DIR
+
     try:
-        st = os.statvfs("/dev/shm")
+        st = os.statvfs(SHM_DIR)
         candidates.append(st.f_bavail * st.f_frsize * _DEFAULT_L1_FREE_FRACTION / 1024**3)
     except OSError:
         pass

@@ -2,13 +2,17 @@
 
 Everything that can be refused (config, device selection, L2 adapters, disk folder, L1
 size) is checked before anything is allocated; a construction that fails after that
-removes every segment it made (a crash loop must not fill /dev/shm).
+removes every segment it made (a crash loop must not fill /dev/shm).  Segments left by
+servers and workers that were killed are reclaimed first; L1's shared memory is reserved
+whole before it is mapped, so a ``/dev/shm`` that filled up meanwhile is an error, not a
+SIGBUS.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import OrderedDict
 
 import torch
@@ -23,9 +27,22 @@ from lmcache.v1.storage_backend.redis.connection import RedisUnavailableError
 from lmcache.v1.storage_backend.storage_manager import StorageManager, create_storage_backends
 from lmcache.v1.storage_backend.tier_settings import parse_l2_adapter
 
-__all__ = ["build_cache_server", "check_device_selection", "check_l1_fits", "parse_l2_adapter"]
+__all__ = [
+    "build_cache_server",
+    "check_device_selection",
+    "check_l1_fits",
+    "parse_l2_adapter",
+    "prefault_buffer",
+]
 
 logger = logging.getLogger(__name__)
+
+# A prefault at least this large says what it does, how far it got and how long it took:
+# 10 GiB take 5-19 s, which is otherwise a silent start-up.
+PREFAULT_LOG_MIN_BYTES = 1024**3
+# A progress line at each quarter, and at least this often in between.
+PREFAULT_PROGRESS_SECONDS = 2.0
+_PREFAULT_STEP_BYTES = 64 * 1024**2
 
 
 def build_cache_server(config: MPServerConfig) -> MPCacheServer:
@@ -36,7 +53,11 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     loop must not fill /dev/shm).
     """
     from lmcache.v1.platform import get_device_spec
-    from lmcache.v1.platform.cpu.shm import unlink_orphaned_segment, unlink_segment
+    from lmcache.v1.platform.cpu.shm import (
+        reclaim_orphaned_segments,
+        unlink_orphaned_segment,
+        unlink_segment,
+    )
 
     config.validate()
     check_device_selection()
@@ -53,6 +74,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     if disk_path:
         inspect_disk_folder(disk_path, tiers.disk_adopt)  # refused before L1 memory exists
     shm_name = config.resolved_shm_name()
+    reclaim_orphaned_segments()  # before the size check: what it frees counts
     check_l1_fits(engine_config.max_local_cpu_size, in_shm=shm_name is not None)
     shm_preexisting = shm_name is not None and _segment_exists(shm_name)
     backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
@@ -95,8 +117,10 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
 
 
 def check_l1_fits(size_gb: float, in_shm: bool) -> None:
-    """L1 is touched page by page at start-up: more than /dev/shm (or memory) holds would
-    end in SIGBUS or the OOM killer, with the segment left behind."""
+    """L1 is touched page by page at start-up: more than memory holds would end with the
+    OOM killer.  In shared memory this is the early, friendly refusal; the guarantee is the
+    reservation made when the segment is created (another process may fill /dev/shm
+    between this check and then)."""
     from lmcache.v1.multiprocess.server_config import meminfo_available_bytes
 
     size = int(size_gb * 1024**3)
@@ -145,9 +169,36 @@ def _release_partial_storage(
 
 def _prefault(storage: StorageManager) -> None:
     """Touch every L1 page now: first-touch faults on shared memory would otherwise land
-    inside the first stores (several times slower than the copy itself)."""
-    buffer = getattr(storage.get_memory_allocator(), "buffer", None)
+    inside the first stores (several times slower than the copy itself).
+
+    Only L1's own buffer is touched, and a shared-memory one was reserved whole when it was
+    created, so no page touched here can be missing from ``/dev/shm``.
+    """
+    from lmcache.v1.platform.cpu.shm import SHM_DIR
+
+    allocator = storage.get_memory_allocator()
+    buffer = getattr(allocator, "buffer", None)
     if isinstance(buffer, torch.Tensor):
-        step = 64 * 1024**2
-        for start in range(0, buffer.numel(), step):
-            buffer[start : start + step].zero_()
+        shm_name = getattr(allocator, "shm_name", None)
+        where = os.path.join(SHM_DIR, shm_name.lstrip("/")) if shm_name else "process memory"
+        prefault_buffer(buffer, where)
+
+
+def prefault_buffer(buffer: torch.Tensor, where: str) -> None:
+    """Write every byte of the flat uint8 ``buffer`` once; a large one logs its progress."""
+    total = buffer.numel()
+    if total == 0:
+        return
+    say = logger.info if total >= PREFAULT_LOG_MIN_BYTES else logger.debug
+    say("prefaulting L1: %.2f GiB in %s", total / 1024**3, where)
+    started = last_said = time.monotonic()
+    quarter = 0
+    for start in range(0, total, _PREFAULT_STEP_BYTES):
+        end = min(start + _PREFAULT_STEP_BYTES, total)
+        buffer[start:end].zero_()
+        now = time.monotonic()
+        reached = end * 4 // total
+        if end < total and (reached > quarter or now - last_said >= PREFAULT_PROGRESS_SECONDS):
+            quarter, last_said = reached, now
+            say("prefaulting L1: %d%% (%.1f s)", end * 100 // total, now - started)
+    say("prefaulted L1 (%.2f GiB) in %.1f s", total / 1024**3, time.monotonic() - started)

@@ -28,6 +28,7 @@ from lmcache.v1.multiprocess.transfer_context.base import (
     EngineDrivenContextMetadata,
 )
 from lmcache.v1.multiprocess.wire.custom_types import InlineChunks, IPCCacheServerKey
+from lmcache.v1.platform.cpu.shm import SHM_DIR
 from lmcache.v1.platform.kv_layout import dtype_from_name
 
 __all__ = [
@@ -41,8 +42,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-SHM_DIR = "/dev/shm"
 
 
 def map_server_pool(path: str, size: int) -> torch.Tensor:

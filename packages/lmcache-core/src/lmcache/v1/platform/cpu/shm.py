@@ -4,6 +4,11 @@ LMCache-driven mode on CPU: the worker's KV cache lives in a POSIX shared-memory
 (``/dev/shm/lmcache_kv_*``); the wrapper names the segment and the tensor's place in it,
 and the server maps the same pages (zero-copy: both processes see one copy of the bytes).
 
+This module is also the one home of shared-memory segment mechanics for the core:
+``SHM_DIR``, creating a segment with its space reserved up front (``create_segment``), the
+creator recorded in segment names and the reclaiming of segments whose creator exited
+(``reclaim_orphaned_segments``).
+
 Which segment a tensor lives in is read from ``/proc/self/maps`` rather than from a
 process-global table, so any tensor whose storage maps such a segment can be wrapped,
 however it was created.  Linux only.
@@ -15,10 +20,13 @@ own offset, and the segment's name is unlinked once the last tensor using it is 
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import re
 import threading
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -31,6 +39,7 @@ from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper, register_ipc_
 
 logger = logging.getLogger(__name__)
 
+# Where POSIX shared-memory segments live on Linux; every module of the core imports it.
 SHM_DIR = "/dev/shm"
 _DELETED_SUFFIX = " (deleted)"
 
@@ -79,10 +88,18 @@ def _not_shared_error(tensor: torch.Tensor) -> ValueError:
     )
 
 
-# ``lmcache_kv_<pid>-<start time>-<pid namespace>_<random>``: the creating process, so a
-# server reaping a silent worker can tell whether the segment's creator is gone (pid alone
-# is not enough: pids are reused, and a worker in another pid namespace has another pid).
-_CREATOR_NAME = re.compile(r"^/?lmcache_kv_(\d{1,10})-(\d{1,20})-(\d{1,20})_[0-9a-f]{16}$")
+# The names that record their creator, so whoever finds the segment can tell whether that
+# process is gone (pid alone is not enough: pids are reused, and a process in another pid
+# namespace has another pid).  Worker KV segments:
+# ``lmcache_kv_<pid>-<start time>-<pid namespace>_<random>``; the server's L1 segment:
+# ``lmcache_mp_<pid>_<start time>-<pid namespace>_<random>`` (``lmcache_mp_<pid>_*`` still
+# finds a given server's segment).
+KV_SEGMENT_PREFIX = "lmcache_kv_"
+L1_SEGMENT_PREFIX = "lmcache_mp_"
+_CREATOR_NAMES = (
+    re.compile(r"^/?lmcache_kv_(\d{1,10})-(\d{1,20})-(\d{1,20})_[0-9a-f]{16}$"),
+    re.compile(r"^/?lmcache_mp_(\d{1,10})_(\d{1,20})-(\d{1,20})_[0-9a-f]{12}$"),
+)
 
 
 @dataclass(frozen=True)
@@ -121,6 +138,7 @@ def current_creator() -> SegmentCreator:
 
 
 def new_segment_name() -> str:
+    """A fresh worker KV segment name (``/lmcache_kv_...``) recording this process."""
     creator = current_creator()
     return (
         f"{CpuShmTensorWrapper.SHM_NAME_PREFIX}{creator.pid}-{creator.start_ticks}-"
@@ -128,13 +146,24 @@ def new_segment_name() -> str:
     )
 
 
+def new_l1_segment_name() -> str:
+    """A fresh name for the cache server's L1 segment (``lmcache_mp_...``) recording this
+    process, so a later server can reclaim it once this one is gone."""
+    creator = current_creator()
+    return (
+        f"{L1_SEGMENT_PREFIX}{creator.pid}_{creator.start_ticks}-{creator.pid_namespace}_"
+        f"{uuid.uuid4().hex[:12]}"
+    )
+
+
 def segment_creator(shm_name: str) -> SegmentCreator | None:
     """The creator recorded in a segment's name, or None (older or foreign name)."""
-    match = _CREATOR_NAME.match(shm_name)
-    if match is None:
-        return None
-    pid, start, namespace = (int(group) for group in match.groups())
-    return SegmentCreator(pid, start, namespace)
+    for pattern in _CREATOR_NAMES:
+        match = pattern.match(shm_name)
+        if match is not None:
+            pid, start, namespace = (int(group) for group in match.groups())
+            return SegmentCreator(pid, start, namespace)
+    return None
 
 
 def creator_is_gone(shm_name: str) -> bool:
@@ -184,12 +213,147 @@ def unlink_orphaned_segment(shm_name: str) -> bool:
     return unlink_segment(shm_name)
 
 
+@dataclass(frozen=True)
+class ReclaimedSegment:
+    """A segment :func:`reclaim_orphaned_segments` unlinked: its name, size and the pid of
+    the process that created it and has exited."""
+
+    name: str
+    nbytes: int
+    dead_pid: int
+
+
+def reclaim_orphaned_segments(directory: str = SHM_DIR) -> list[ReclaimedSegment]:
+    """Unlink every ``lmcache_mp_*`` and ``lmcache_kv_*`` segment whose creator provably
+    exited (see :func:`creator_is_gone`), logging each; the rest are left alone.
+
+    A server killed by SIGKILL, SIGBUS or the OOM killer cannot remove its own L1 segment,
+    so the next server start does it; without this a crash loop fills ``/dev/shm``.
+    """
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        logger.warning("cannot list %s to reclaim orphaned segments: %s", directory, exc)
+        return []
+    reclaimed = []
+    for name in names:
+        if not name.startswith((KV_SEGMENT_PREFIX, L1_SEGMENT_PREFIX)):
+            continue
+        creator = segment_creator(name)
+        if creator is None or not creator_is_gone(name):
+            continue
+        found = _unlink_in(directory, name, creator.pid)
+        if found is not None:
+            reclaimed.append(found)
+    return reclaimed
+
+
+def _unlink_in(directory: str, name: str, dead_pid: int) -> ReclaimedSegment | None:
+    path = os.path.join(directory, name)
+    try:
+        nbytes = os.stat(path).st_blocks * 512  # what it holds, not its sparse size
+        os.unlink(path)
+    except FileNotFoundError:
+        return None  # another starting server reclaimed it first
+    except OSError as exc:
+        logger.warning("cannot reclaim orphaned shared-memory segment %s: %s", path, exc)
+        return None
+    logger.warning(
+        "reclaimed orphaned shared-memory segment %s (%d bytes): its creator, pid %d, exited",
+        path,
+        nbytes,
+        dead_pid,
+    )
+    return ReclaimedSegment(name, nbytes, dead_pid)
+
+
+# How long a reservation waits for another process's to finish before going ahead alone.
+RESERVE_LOCK_WAIT_S = 30.0
+
+
+def reserve_segment_space(fd: int, nbytes: int, shm_name: str) -> None:
+    """Size the segment open at ``fd`` to ``nbytes`` with every byte reserved now.
+
+    A sparse ``ftruncate`` promises pages tmpfs may not have: touching one later, once
+    ``/dev/shm`` filled up in the meantime, kills the process with SIGBUS.  Reserving the
+    whole size up front turns a full ``/dev/shm`` into an ordinary ``OSError`` here.
+    """
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:  # not Linux: the sparse size is all there is
+        os.ftruncate(fd, nbytes)
+        return
+    lock = _take_reservation_turn()
+    try:
+        fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise
+        refusal = OSError(
+            f"cannot reserve {_gib(nbytes)} of shared memory for {shm_name.lstrip('/')} in "
+            f"{SHM_DIR} ({_free_space()} free): {exc.strerror}"
+        )
+        refusal.errno = exc.errno  # kept for callers; the message is the one line shown
+        raise refusal from None
+    finally:
+        if lock is not None:
+            os.close(lock)  # releases the turn
+
+
+def _take_reservation_turn() -> int | None:
+    """An exclusive ``flock`` on ``SHM_DIR`` itself (the descriptor to close), or None.
+
+    Two processes reserving at once on a nearly full tmpfs can each get part of their size
+    and then both fail, where one would have fitted; taking turns gives the first all of
+    it.  Locking the directory leaves no lock file behind, and a process that dies holding
+    the turn gives it up.  Where the lock is unavailable, or held longer than
+    ``RESERVE_LOCK_WAIT_S`` (a stopped process), the reservation goes ahead alone: it is
+    still all-or-nothing, only no longer first-come first-served.
+    """
+    try:
+        fd = os.open(SHM_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    deadline = time.monotonic() + RESERVE_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            logger.warning(
+                "another process has been reserving shared memory in %s for %.0f s; "
+                "reserving without waiting for it",
+                SHM_DIR,
+                RESERVE_LOCK_WAIT_S,
+            )
+        except OSError:
+            pass
+        os.close(fd)
+        return None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 1024**3:.2f} GiB"
+
+
+def _free_space() -> str:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return "unknown"
+    return _gib(st.f_bavail * st.f_frsize)
+
+
 def create_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch.Tensor]:
     """A new zero-filled segment mapped as a flat uint8 tensor (MAP_SHARED).
 
     The one place that creates POSIX shm segments (the L1 allocator's buffer comes here
-    through :mod:`lmcache.v1.memory.shm`): a segment that cannot be sized or mapped is
-    unlinked before the error propagates, so a failed creation leaves no name behind.
+    through :mod:`lmcache.v1.memory.shm`).  Its space is reserved before it is mapped
+    (:func:`reserve_segment_space`), so no later touch of its pages can SIGBUS; a segment
+    that cannot be reserved or mapped is unlinked before the error propagates, so a failed
+    creation leaves no name behind.
     """
     name = shm_name or new_segment_name()
     path = _segment_path(name)
@@ -197,7 +361,7 @@ def create_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         try:
-            os.ftruncate(fd, size)
+            reserve_segment_space(fd, size, name)
         finally:
             os.close(fd)
         return name, torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
