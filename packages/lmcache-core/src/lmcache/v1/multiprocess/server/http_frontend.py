@@ -9,10 +9,10 @@ configured it needs ``Authorization: Bearer <token>``).  Every error of these is
 object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
 
 The operator routes of :mod:`lmcache.v1.internal_api_server.common` are mounted too:
-``GET /env`` (secrets redacted), ``GET /loglevel`` (setting a level), ``GET /threads``,
-``GET /periodic-threads[/{name}]``, ``GET /periodic-threads-health`` and ``POST
-/run_script`` (only with ``--run-script-api-enabled``); with an admin token configured,
-``/env``, setting a level and ``/run_script`` need it as well.
+``GET /env`` (secrets redacted), ``GET /loglevel`` (reading and setting levels of existing
+loggers), ``GET /threads``, ``GET /periodic-threads[/{name}]``, ``GET
+/periodic-threads-health`` and ``POST /run_script`` (only with ``--run-script-api-enabled``);
+with an admin token configured, ``/env``, ``/loglevel`` and ``/run_script`` need it as well.
 
 The socket is bound before the thread starts, so a busy port is reported synchronously
 (:class:`OSError`) rather than by uvicorn exiting its thread.  ``--prometheus-port`` serves

@@ -177,7 +177,7 @@ def http_reach(policy: AdminPolicy, allow_cache_clear: bool, allow_run_script: b
     """What a peer on the HTTP frontend may do, for :func:`warn_if_exposed`."""
     reach = "read /status (worker and model names), /metrics, /config and thread stacks"
     if policy.token is None:
-        reach += ", read /env (secrets redacted), change log levels"
+        reach += ", read /env (secrets redacted), read and change log levels"
     if allow_cache_clear and policy.token is None:
         reach += ", and wipe the whole cache (--enable-http-cache-clear without an admin token)"
     if allow_run_script and policy.token is None:
