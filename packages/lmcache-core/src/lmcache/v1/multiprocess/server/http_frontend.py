@@ -87,9 +87,19 @@ def _bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
+def _route_label(request: Request) -> str:
+    """``HTTP <route>``: the matched route's path template (a short fixed set, so each
+    route gets its own refusal-log window), else the request path."""
+    route = request.scope.get("route")
+    path = getattr(route, "path", None)
+    return f"HTTP {path if isinstance(path, str) else request.url.path}"
+
+
 def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | None:
     """A 401 reply unless the request carries the admin token (when one is configured)."""
-    check = engine.check_admin_token(_bearer_token(request.headers.get("authorization")))
+    check = engine.check_admin_token(
+        _bearer_token(request.headers.get("authorization")), _route_label(request)
+    )
     if check is TokenCheck.OK:
         return None
     if check is TokenCheck.MISSING:

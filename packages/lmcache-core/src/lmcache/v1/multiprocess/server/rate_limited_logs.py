@@ -3,35 +3,56 @@ may fill the log (refused admin requests; unexpected handler and transport failu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-# Refused admin requests are logged at most this often.
+# Refused admin requests are logged at most this often, per operation or route.
 _REFUSAL_LOG_INTERVAL_S = 60.0
+# Operations and routes are a short fixed list; past this, the rest share one entry.
+_REFUSAL_LOG_MAX_KEYS = 64
+_OTHER_REFUSALS = "(other operations)"
 _ERROR_LOG_INTERVAL_S = 60.0
 _ERROR_LOG_MAX_KINDS = 256
 
 
-class RefusalLog:
-    """Warns about refused admin requests, at most once per interval (never the token)."""
+@dataclasses.dataclass
+class _Window:
+    next_at: float = 0.0
+    suppressed: int = 0
 
-    def __init__(self, interval_s: float = _REFUSAL_LOG_INTERVAL_S) -> None:
+
+class RefusalLog:
+    """Warns about refused admin requests (never the token): at most once per interval for
+    each operation or route, with a count of the refusals left out, so a flood of refusals
+    on one route neither fills the log nor hides a refusal on another."""
+
+    def __init__(
+        self,
+        interval_s: float = _REFUSAL_LOG_INTERVAL_S,
+        max_keys: int = _REFUSAL_LOG_MAX_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._interval_s = interval_s
+        self._max_keys = max_keys
+        self._clock = clock
         self._lock = threading.Lock()
-        self._next_at = 0.0
-        self._suppressed = 0
+        self._windows: dict[str, _Window] = {}
 
     def note(self, operation: str, reason: str) -> None:
-        now = time.monotonic()
+        """``operation``: the wire operation (``clear``) or ``HTTP <route>``."""
+        now = self._clock()
         with self._lock:
-            if now < self._next_at:
-                self._suppressed += 1
+            window = self._window(operation)
+            if now < window.next_at:
+                window.suppressed += 1
                 return
-            suppressed, self._suppressed = self._suppressed, 0
-            self._next_at = now + self._interval_s
+            suppressed, window.suppressed = window.suppressed, 0
+            window.next_at = now + self._interval_s
         logger.warning(
             "refused admin request %s (%s)%s",
             operation,
@@ -40,6 +61,16 @@ class RefusalLog:
             if suppressed
             else "",
         )
+
+    def _window(self, operation: str) -> _Window:
+        window = self._windows.get(operation)
+        if window is None:
+            if len(self._windows) >= self._max_keys:
+                operation = _OTHER_REFUSALS
+                window = self._windows.get(operation)
+            if window is None:
+                window = self._windows[operation] = _Window()
+        return window
 
 
 class RateLimitedErrorLog:
