@@ -305,7 +305,9 @@ def test_run_script_refusals_come_before_execution() -> None:
     assert huge.status_code == 413
     assert not hasattr(client.app.state, "ran")
     broken = _script(client, b"result = (")
-    assert broken.status_code == 500 and "Error executing script" in broken.text
+    assert broken.status_code == 400 and "does not compile" in broken.json()["message"]
+    failing = _script(client, b"result = 1 / 0")
+    assert failing.status_code == 500 and "Error executing script" in failing.text
 
 
 def test_run_script_reads_the_in_process_adapter_setting() -> None:

@@ -28,11 +28,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from lmcache.v1.internal_api_server.common import (
     env_api,
@@ -71,6 +73,8 @@ _OPERATOR_ROUTERS = (
     run_script_api.router,
 )
 _STOP_TIMEOUT_S = 5.0
+# {"force": true} is 15 bytes; the cap keeps a large body from being read at all.
+MAX_CLEAR_BODY_BYTES = 4096
 
 
 def _error(
@@ -115,13 +119,56 @@ def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | Non
     return _error(401, "unauthorized", message, {"WWW-Authenticate": challenge})
 
 
+class ClearRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of ``POST /cache/clear`` (empty is ``{}``)."""
+
+    force: bool = False
+
+
+async def _read_capped(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it exceeds ``limit`` bytes (the rest is not read)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+async def _clear_request(request: Request) -> ClearRequest | JSONResponse:
+    """The parsed body, or the 4xx reply for it.  msgspec validates while it parses, so
+    deep nesting, wrong types, invalid UTF-8 and out-of-range numbers are all one typed
+    decode error (``json.loads`` would raise RecursionError on deep nesting)."""
+    try:
+        body = await _read_capped(request, MAX_CLEAR_BODY_BYTES)
+    except ClientDisconnect:
+        return _error(400, "bad_request", "the client went away before sending the body")
+    if body is None:
+        return _error(
+            413,
+            "payload_too_large",
+            f'the body may hold at most {MAX_CLEAR_BODY_BYTES} bytes, e.g. {{"force": true}}',
+        )
+    if not body.strip():
+        return ClearRequest()
+    try:
+        return msgspec.json.decode(body, type=ClearRequest)
+    except msgspec.ValidationError as exc:
+        return _error(400, "bad_request", f'the body may only hold {{"force": <bool>}}: {exc}')
+    except msgspec.DecodeError as exc:
+        return _error(
+            400, "bad_request", f'the body must be UTF-8 JSON, e.g. {{"force": true}}: {exc}'
+        )
+
+
 async def clear_cache_reply(
     engine: MPCacheServer, request: Request, allow_cache_clear: bool, force: bool
 ) -> Any:
     """The ``POST /cache/clear`` answer: 403 unless enabled, 401 without the admin token
-    (when one is configured), 400 for a body other than ``{"force": <bool>}``; otherwise
-    removes every L1 object (``force`` also the pinned ones).  Shared with the
-    upstream-shaped routes in :mod:`lmcache.v1.multiprocess.http_apis`."""
+    (when one is configured), 400 for a body other than ``{"force": <bool>}`` (413 past
+    :data:`MAX_CLEAR_BODY_BYTES`); otherwise removes every L1 object (``force`` also the
+    pinned ones).  Shared with the upstream-shaped routes in
+    :mod:`lmcache.v1.multiprocess.http_apis`."""
     if not allow_cache_clear:
         return _error(
             403, "forbidden", "cache clearing over HTTP is off (--enable-http-cache-clear)"
@@ -129,17 +176,10 @@ async def clear_cache_reply(
     refused = _unauthorized(engine, request)
     if refused is not None:
         return refused
-    body = await request.body()
-    if body:
-        try:
-            payload = await request.json()
-        except ValueError:
-            return _error(400, "bad_request", 'the body must be JSON, e.g. {"force": true}')
-        if not isinstance(payload, dict) or set(payload) - {"force"}:
-            return _error(400, "bad_request", 'the body may only hold {"force": <bool>}')
-        if not isinstance(payload.get("force", False), bool):
-            return _error(400, "bad_request", '"force" must be a boolean')
-        force = force or bool(payload.get("force", False))
+    parsed = await _clear_request(request)
+    if isinstance(parsed, JSONResponse):
+        return parsed
+    force = force or parsed.force
     removed = engine.remove_all(force=force)
     logger.info("HTTP /cache/clear removed %d objects (force=%s)", removed, force)
     return {"status": "ok", "removed": removed, "force": force}
