@@ -290,7 +290,8 @@ class HTTPFrontend:
                 self.port,
                 ""
                 if engine.settings.admin.token
-                else " for anyone who can reach the port (no admin token is configured)",
+                # A non-loopback host without a token was refused at start-up.
+                else " for any local process (no admin token is configured)",
             )
         config = uvicorn.Config(
             build_app(engine, is_serving, allow_cache_clear),
