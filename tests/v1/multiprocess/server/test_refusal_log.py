@@ -71,7 +71,7 @@ def test_the_refusal_log_keeps_a_window_per_route(caplog: pytest.LogCaptureFixtu
     log.note("HTTP /run_script", "missing admin token")
     log.note("HTTP /env", "missing admin token")
     assert _refusals(caplog) == [
-        "refused admin request HTTP /run_script (missing admin token); 4 more refused in "
+        "refused admin request HTTP /run_script (missing admin token); 4 more like it in "
         "the last 60s",
         "refused admin request HTTP /env (missing admin token)",
     ]

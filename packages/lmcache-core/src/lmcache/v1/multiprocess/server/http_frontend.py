@@ -14,6 +14,10 @@ loggers), ``GET /threads``, ``GET /periodic-threads[/{name}]``, ``GET
 /periodic-threads-health`` and ``POST /run_script`` (only with ``--run-script-api-enabled``);
 with an admin token configured, ``/env``, ``/loglevel`` and ``/run_script`` need it as well.
 
+Connections are limited (:mod:`.http_limits`): a request head must arrive within
+``--http-header-timeout-s``, its body within ``--http-body-timeout-s``, and at most
+``--http-max-connections`` are open at once.
+
 The socket is bound before the thread starts, so a busy port is reported synchronously
 (:class:`OSError`) rather than by uvicorn exiting its thread.  ``--prometheus-port`` serves
 the same registry with ``prometheus_client``'s own HTTP server.
@@ -45,6 +49,7 @@ from lmcache.v1.internal_api_server.common import (
 )
 from lmcache.v1.multiprocess.server.config_report import list_l2_adapters, server_configs
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
+from lmcache.v1.multiprocess.server.http_limits import HTTPLimits, HTTPLimitStats, limited_protocol
 from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.wire.security import TokenCheck, http_reach, warn_if_exposed
 
@@ -265,7 +270,11 @@ class HTTPFrontend:
         port: int,
         is_serving: Callable[[], bool] = lambda: True,
         allow_cache_clear: bool = False,
+        limits: HTTPLimits | None = None,
     ) -> None:
+        limits = limits or HTTPLimits()
+        limits.warn_if_near_the_descriptor_limit()
+        self._protocol = limited_protocol(limits)
         self._sock = socket.socket(
             socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
         )
@@ -295,6 +304,7 @@ class HTTPFrontend:
             )
         config = uvicorn.Config(
             build_app(engine, is_serving, allow_cache_clear),
+            http=self._protocol,  # h11 with header/body timeouts and a connection cap
             log_level="warning",
             access_log=False,
             log_config=None,  # uvicorn's dictConfig would close the process's handlers
@@ -308,6 +318,15 @@ class HTTPFrontend:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def limit_stats(self) -> HTTPLimitStats:
+        """How many connections the header/body timeouts and the cap have closed."""
+        return self._protocol.stats
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._server.server_state.connections)
 
     def start(self) -> None:
         self._thread.start()

@@ -11,11 +11,12 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-# Refused admin requests are logged at most this often, per operation or route.
+# Refused admin requests (and other warnings a peer can repeat) are logged at most this
+# often, per operation, route or kind.
 _REFUSAL_LOG_INTERVAL_S = 60.0
-# Operations and routes are a short fixed list; past this, the rest share one entry.
+# Operations, routes and kinds are short fixed lists; past this, the rest share one entry.
 _REFUSAL_LOG_MAX_KEYS = 64
-_OTHER_REFUSALS = "(other operations)"
+_OTHER_KINDS = "(other kinds)"
 _ERROR_LOG_INTERVAL_S = 60.0
 _ERROR_LOG_MAX_KINDS = 256
 
@@ -24,6 +25,48 @@ _ERROR_LOG_MAX_KINDS = 256
 class _Window:
     next_at: float = 0.0
     suppressed: int = 0
+
+
+class RateLimitedWarnings:
+    """Warnings of a kind at most once per interval, each carrying the count left out; a
+    bounded number of kinds (past it, the rest share one window)."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        interval_s: float = _REFUSAL_LOG_INTERVAL_S,
+        max_kinds: int = _REFUSAL_LOG_MAX_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = log
+        self._interval_s = interval_s
+        self._max_kinds = max_kinds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._windows: dict[str, _Window] = {}
+
+    def warn(self, kind: str, message: str) -> None:
+        now = self._clock()
+        with self._lock:
+            window = self._window(kind)
+            if now < window.next_at:
+                window.suppressed += 1
+                return
+            suppressed, window.suppressed = window.suppressed, 0
+            window.next_at = now + self._interval_s
+        if suppressed:
+            message += f"; {suppressed} more like it in the last {self._interval_s:.0f}s"
+        self._log.warning("%s", message)
+
+    def _window(self, kind: str) -> _Window:
+        window = self._windows.get(kind)
+        if window is None:
+            if len(self._windows) >= self._max_kinds:
+                kind = _OTHER_KINDS
+                window = self._windows.get(kind)
+            if window is None:
+                window = self._windows[kind] = _Window()
+        return window
 
 
 class RefusalLog:
@@ -37,40 +80,11 @@ class RefusalLog:
         max_keys: int = _REFUSAL_LOG_MAX_KEYS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._interval_s = interval_s
-        self._max_keys = max_keys
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._windows: dict[str, _Window] = {}
+        self._warnings = RateLimitedWarnings(logger, interval_s, max_keys, clock)
 
     def note(self, operation: str, reason: str) -> None:
         """``operation``: the wire operation (``clear``) or ``HTTP <route>``."""
-        now = self._clock()
-        with self._lock:
-            window = self._window(operation)
-            if now < window.next_at:
-                window.suppressed += 1
-                return
-            suppressed, window.suppressed = window.suppressed, 0
-            window.next_at = now + self._interval_s
-        logger.warning(
-            "refused admin request %s (%s)%s",
-            operation,
-            reason,
-            f"; {suppressed} more refused in the last {self._interval_s:.0f}s"
-            if suppressed
-            else "",
-        )
-
-    def _window(self, operation: str) -> _Window:
-        window = self._windows.get(operation)
-        if window is None:
-            if len(self._windows) >= self._max_keys:
-                operation = _OTHER_REFUSALS
-                window = self._windows.get(operation)
-            if window is None:
-                window = self._windows[operation] = _Window()
-        return window
+        self._warnings.warn(operation, f"refused admin request {operation} ({reason})")
 
 
 class RateLimitedErrorLog:
