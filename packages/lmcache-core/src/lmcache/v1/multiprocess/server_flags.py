@@ -292,7 +292,8 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="Serve POST /run_script, which runs an uploaded Python script inside the server "
         "(off by default; enable only where every caller is trusted). With an admin token "
-        "configured, the request must carry it.",
+        "configured, the request must carry it; on a non-loopback --http-host the server "
+        "refuses to start without one.",
     )
     group.add_argument(
         "--script-allowed-imports",
