@@ -23,6 +23,7 @@ class _Engine:
         self.problems = problems or []
         self.token = token
         self.cleared: list[bool] = []
+        self.refused_at: list[str] = []
 
     def health_problems(self) -> list[str]:
         return self.problems
@@ -30,9 +31,10 @@ class _Engine:
     def status(self) -> dict[str, Any]:
         return {"l1": {"chunks": 3}}
 
-    def check_admin_token(self, presented: str | None) -> TokenCheck:
+    def check_admin_token(self, presented: str | None, where: str) -> TokenCheck:
         if self.token is None or presented == self.token:
             return TokenCheck.OK
+        self.refused_at.append(where)
         return TokenCheck.MISSING if presented is None else TokenCheck.WRONG
 
     def remove_all(self, force: bool = False) -> int:
@@ -109,6 +111,7 @@ def test_cache_clear_needs_the_admin_token(
     )
     assert reply.status_code == status, reply.text
     assert engine.cleared == cleared
+    assert engine.refused_at == ([] if status == 200 else ["HTTP /cache/clear"])
     if status == 200:
         assert reply.json() == {"status": "ok", "removed": 3, "force": True}
 

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 LOG_FORMAT = "[%(asctime)s] LMCache %(levelname)s: %(message)s (%(filename)s:%(lineno)d:%(name)s)"
 _HANDLER_MARK = "_lmcache_handler"
@@ -61,10 +62,12 @@ class RateLimitedLog:
         log: logging.Logger,
         interval_s: float = _RATE_LIMIT_INTERVAL_S,
         max_kinds: int = _RATE_LIMIT_MAX_KINDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = log
         self._interval_s = interval_s
         self._max_kinds = max_kinds
+        self._clock = clock
         self._kinds: dict[str, list[float]] = {}  # kind -> [last logged, left out since]
         self._lock = threading.Lock()
 
@@ -75,7 +78,7 @@ class RateLimitedLog:
     def admit(self, kind: str) -> tuple[bool, int] | None:
         """None when this event is to be left out (and counted); else ``(first, left_out)``:
         whether it is the first of its kind, and how many were left out since the last."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             state = self._kinds.get(kind)
             if state is None and len(self._kinds) >= self._max_kinds:

@@ -167,15 +167,18 @@ def test_env_needs_the_token_and_redacts_secrets(
     assert SECRET_VALUE not in env.text and SECRET_VALUE not in server.log()
 
 
-def test_setting_a_log_level_needs_the_token(
+def test_reading_and_setting_log_levels_need_the_token(
     scripted: tuple[ServerProcess, httpx.Client],
 ) -> None:
     _server, http = scripted
     query = "/loglevel?logger_name=lmcache.v1.multiprocess&level=DEBUG"
+    read = "/loglevel?logger_name=lmcache.v1.multiprocess"
     assert http.get(query).status_code == 401
-    assert http.get("/loglevel?logger_name=lmcache.v1.multiprocess").text.endswith("NOTSET")
+    # Reading needs it too (the listing names every module of the server).
+    assert http.get(read).status_code == 401 and http.get("/loglevel").status_code == 401
+    assert http.get(read, headers=_bearer(TOKEN)).text.endswith("NOTSET")
     assert http.get(query, headers=_bearer(TOKEN)).status_code == 200
-    assert http.get("/loglevel?logger_name=lmcache.v1.multiprocess").text.endswith("DEBUG")
+    assert http.get(read, headers=_bearer(TOKEN)).text.endswith("DEBUG")
     # Reading threads needs no token; the frontend's own thread is there.
     assert "lmc-http" in http.get("/threads").text
 

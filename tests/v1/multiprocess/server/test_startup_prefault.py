@@ -12,9 +12,9 @@ import re
 import pytest
 import torch
 
-from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.server import startup
 from lmcache.v1.multiprocess.server.startup import build_cache_server, prefault_buffer
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.platform.cpu.shm import SHM_DIR
 
 LOGGER = "lmcache.v1.multiprocess.server.startup"

@@ -64,9 +64,9 @@ def test_unreachable_redis_is_degraded_not_unhealthy(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
     from prerequisites import require_module
 
-    from lmcache.v1.multiprocess.server_config import MPServerConfig
     from lmcache.v1.multiprocess.server import build_cache_server
     from lmcache.v1.multiprocess.server.http_frontend import build_app
+    from lmcache.v1.multiprocess.server_config import MPServerConfig
 
     require_module("redis", "redis-py not installed (pip install 'lmcache-core[redis]')")
     with socket.socket() as sock:

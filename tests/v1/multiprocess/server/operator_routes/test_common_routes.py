@@ -74,15 +74,57 @@ def test_env_redacts_secrets_by_name_and_in_urls(monkeypatch: pytest.MonkeyPatch
     assert "hunter2" not in response.text and "pw-in-url" not in response.text
 
 
-def test_env_and_setting_a_level_ask_the_app_to_authorize() -> None:
+def test_env_and_log_levels_ask_the_app_to_authorize(scratch_logger: logging.Logger) -> None:
     client = _client(authorize=_refuse_all)
     assert client.get("/env").status_code == 401
-    before = logging.getLogger("lmc.test.guarded").level
-    assert client.get("/loglevel?logger_name=lmc.test.guarded&level=DEBUG").status_code == 401
-    assert logging.getLogger("lmc.test.guarded").level == before
-    # Reading is not guarded.
-    assert client.get("/loglevel?logger_name=lmc.test.guarded").status_code == 200
+    assert client.get("/loglevel?logger_name=lmc.test.levels&level=DEBUG").status_code == 401
+    assert scratch_logger.level == logging.NOTSET
+    # Reading levels (one, or the listing of every module) is guarded too.
+    assert client.get("/loglevel?logger_name=lmc.test.levels").status_code == 401
+    assert client.get("/loglevel").status_code == 401
     assert client.get("/threads").status_code == 200
+
+
+def _logger_count() -> int:
+    return len(logging.Logger.manager.loggerDict)
+
+
+def test_reading_unknown_loggers_creates_none() -> None:
+    client = _client()
+    before = _logger_count()
+    for i in range(2000):
+        reply = client.get(f"/loglevel?logger_name=lmc.test.unknown.n{i}")
+        assert reply.status_code == 404, reply.text
+        assert reply.json()["error"] == "not_found"
+    assert "lmc.test.unknown.n1999" in reply.json()["message"]
+    listing = client.get("/loglevel")
+    assert listing.status_code == 200 and "lmc.test.unknown" not in listing.text
+    assert _logger_count() == before
+    assert "lmc.test.unknown.n0" not in logging.Logger.manager.loggerDict
+
+
+def test_setting_an_unknown_logger_creates_none() -> None:
+    client = _client()
+    before = _logger_count()
+    for i in range(200):
+        reply = client.get(f"/loglevel?logger_name=lmc.test.unset.n{i}&level=DEBUG")
+        assert reply.status_code == 404 and reply.json()["error"] == "not_found"
+    assert _logger_count() == before
+
+
+def test_a_placeholder_reads_notset_and_can_be_set(scratch_logger: logging.Logger) -> None:
+    """``lmc.test`` exists only as the parent of ``lmc.test.levels``: readable, settable."""
+    parent = logging.Logger.manager.loggerDict.get("lmc.test")
+    client = _client()
+    if not isinstance(parent, logging.Logger):
+        assert client.get("/loglevel?logger_name=lmc.test").text == "lmc.test: NOTSET"
+        assert not isinstance(logging.Logger.manager.loggerDict.get("lmc.test"), logging.Logger)
+    try:
+        assert client.get("/loglevel?logger_name=lmc.test&level=ERROR").status_code == 200
+        assert logging.getLogger("lmc.test").level == logging.ERROR
+        assert client.get("/loglevel?logger_name=root").status_code == 200
+    finally:
+        logging.getLogger("lmc.test").setLevel(logging.NOTSET)
 
 
 @pytest.fixture
@@ -263,7 +305,9 @@ def test_run_script_refusals_come_before_execution() -> None:
     assert huge.status_code == 413
     assert not hasattr(client.app.state, "ran")
     broken = _script(client, b"result = (")
-    assert broken.status_code == 500 and "Error executing script" in broken.text
+    assert broken.status_code == 400 and "does not compile" in broken.json()["message"]
+    failing = _script(client, b"result = 1 / 0")
+    assert failing.status_code == 500 and "Error executing script" in failing.text
 
 
 def test_run_script_reads_the_in_process_adapter_setting() -> None:

@@ -46,6 +46,9 @@ from lmcache.v1.multiprocess.runtime_plugins.settings import (
 )
 from lmcache.v1.multiprocess.server_flags import (
     AUTO_SHM,
+    DEFAULT_HTTP_BODY_TIMEOUT_S,
+    DEFAULT_HTTP_HEADER_TIMEOUT_S,
+    DEFAULT_HTTP_MAX_CONNECTIONS,
     add_admin_args,
     add_http_frontend_args,
     add_mp_server_args,
@@ -123,6 +126,9 @@ class MPServerConfig:
     blocking_timeout_secs: int = 2
     http_host: str = "127.0.0.1"
     http_port: int = 8080
+    http_header_timeout_s: float = DEFAULT_HTTP_HEADER_TIMEOUT_S
+    http_body_timeout_s: float = DEFAULT_HTTP_BODY_TIMEOUT_S
+    http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
     prometheus_port: int = 9090
     disable_metrics: bool = False
     enable_http_cache_clear: bool = False
@@ -143,6 +149,9 @@ class MPServerConfig:
             ("--chunk-size", positive_int, self.chunk_size),
             ("--http-port", tcp_port_or_off, self.http_port),
             ("--prometheus-port", tcp_port_or_off, self.prometheus_port),
+            ("--http-header-timeout-s", positive_float, self.http_header_timeout_s),
+            ("--http-body-timeout-s", positive_float, self.http_body_timeout_s),
+            ("--http-max-connections", positive_int, self.http_max_connections),
             ("--max-message-mb", positive_int, self.max_message_bytes),
             ("--max-inflight-mb", positive_int, self.max_inflight_bytes),
             ("--session-ttl-seconds", positive_float, self.session_ttl_seconds),
@@ -281,6 +290,9 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         max_inflight_bytes=int(args.max_inflight_mb * 1024**2),
         http_host=args.http_host,
         http_port=args.http_port,
+        http_header_timeout_s=args.http_header_timeout_s,
+        http_body_timeout_s=args.http_body_timeout_s,
+        http_max_connections=args.http_max_connections,
         prometheus_port=args.prometheus_port,
         disable_metrics=args.disable_metrics,
         enable_http_cache_clear=args.enable_http_cache_clear,

@@ -24,6 +24,12 @@ from lmcache.v1.multiprocess.wire.protocol import (
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
 AUTO_SHM = "auto"
+# The HTTP frontend's connection limits (lmcache.v1.multiprocess.server.http_limits).
+DEFAULT_HTTP_HEADER_TIMEOUT_S = 10.0
+DEFAULT_HTTP_BODY_TIMEOUT_S = 30.0
+# Probes, Prometheus and a few operators need a handful; 128 stays far below the usual
+# descriptor limit (1024 or more), which the ZMQ transport shares.
+DEFAULT_HTTP_MAX_CONNECTIONS = 128
 
 
 def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -212,6 +218,32 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
         "0 disables it.",
     )
     group.add_argument(
+        "--http-header-timeout-s",
+        type=positive_float,
+        default=DEFAULT_HTTP_HEADER_TIMEOUT_S,
+        metavar="SECONDS",
+        help="Close an HTTP connection whose request line and headers have not all arrived "
+        "this long after it opened or after its previous response (slowloris clients); "
+        "408 when part of a request had come.",
+    )
+    group.add_argument(
+        "--http-body-timeout-s",
+        type=positive_float,
+        default=DEFAULT_HTTP_BODY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="Close an HTTP connection whose request body has not all arrived this long "
+        "after its headers.",
+    )
+    group.add_argument(
+        "--http-max-connections",
+        type=positive_int,
+        default=DEFAULT_HTTP_MAX_CONNECTIONS,
+        metavar="N",
+        help="Most HTTP connections open at once (they share the process's descriptor limit "
+        "with ZMQ). A new one past it closes the connection idle longest; when every "
+        "connection has a request in progress it gets 503 and is closed.",
+    )
+    group.add_argument(
         "--enable-http-cache-clear",
         action="store_true",
         help="Serve POST /cache/clear (off by default: it drops every cached object). With an "
@@ -223,7 +255,8 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="Serve POST /run_script, which runs an uploaded Python script inside the server "
         "(off by default; enable only where every caller is trusted). With an admin token "
-        "configured, the request must carry it.",
+        "configured, the request must carry it; on a non-loopback --http-host the server "
+        "refuses to start without one.",
     )
     group.add_argument(
         "--script-allowed-imports",

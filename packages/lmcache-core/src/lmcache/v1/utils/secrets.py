@@ -4,12 +4,18 @@ A secret is found by name and by shape:
 
 * a mapping key whose words (``snake_case``, ``camelCase``, dotted or dashed) include
   ``password``, ``secret``, ``token``, ``credential(s)``, ``passphrase``, ``authorization``
-  or ``api key`` / ``access key`` / ``private key`` has its value replaced by
+  (also run together: ``PGPASSWORD``, ``sslpassword``) or ``api key`` / ``access key`` /
+  ``private key``, or that ends in ``key`` (``OPENAI_KEY``; not a ``public``, ``primary``,
+  ``sort``, ... key), ``pass`` (``DB_PASS``), ``pwd`` (``DB_PWD``, but not the shell's
+  ``PWD``) or ``auth`` (``AUTH``, ``REDIS_AUTH``), has its value replaced by
   :data:`REDACTED` -- unless the key names where a secret is kept (last word ``file``,
-  ``path``, ``dir`` or ``env``) or the value says nothing (``None``, a boolean);
-* in a string, a URL's user information (``redis://user:pw@host`` keeps ``user``) and
-  secret-named query parameters are redacted, and a string holding a JSON object is
-  redacted inside.
+  ``path`` or ``dir``) or the value says nothing (``None``, a boolean);
+* in a string: a URL's user information (``redis://user:pw@host`` keeps ``user``; the
+  password may hold a raw ``/`` or ``@``), secret-named ``name=value`` pairs (URL query
+  parameters, libpq DSNs such as ``host=db password=x``, ``name: value``), the credential
+  after ``Bearer`` / ``Basic``, and a string holding a JSON object is redacted inside.
+
+Redaction errs towards hiding: a URL with an ``@`` in its path may lose part of that path.
 """
 
 from __future__ import annotations
@@ -37,22 +43,73 @@ _SECRET_WORDS = frozenset(
         "apikey",
     }
 )
+# Run-together names: PGPASSWORD, sslpassword, CLIENTSECRET, csrftoken.
+_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "token", "apikey")
 _SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key")})
+# Last words that make a secret on their own ("AUTH", "DB_PASS"); "pwd" only after another
+# word, because the shell's PWD is the working directory.
+_SECRET_LAST_WORDS = frozenset({"pass", "auth", "key", "keys"})
+_SECRET_LAST_WORDS_AFTER_ANOTHER = frozenset({"pwd"})
+# Keys that name a lookup key, not a credential ("sort_key", "lookup_ipc_key").
+_NON_SECRET_KEY_KINDS = frozenset(
+    {
+        "public",
+        "primary",
+        "sort",
+        "partition",
+        "routing",
+        "cache",
+        "hash",
+        "affinity",
+        "foreign",
+        "shard",
+        "lookup",
+        "ipc",
+        "chunk",
+        "object",
+        "row",
+        "group",
+        "index",
+    }
+)
 # ``admin_token_file`` names where the token is, which an operator needs to see.
-_LOCATION_WORDS = frozenset({"file", "path", "dir", "env"})
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^@/\s?#]+)@")
-_QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
+_LOCATION_WORDS = frozenset({"file", "path", "dir"})
 _CAMEL_BOUNDARY = re.compile(r"([a-z0-9])([A-Z])")
+# Up to the last "@" before whitespace or the next URL, so a password may hold "/" or "@".
+_URL_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>(?:(?!://)[^\s@])*(?:@(?:(?!://)[^\s@])*)*)@"
+)
+# name=value (query parameters, libpq DSNs, "k=v;k=v") and "name: value"; the value may be
+# quoted, or a "Bearer <credential>" pair.
+_NAMED_VALUE = re.compile(
+    r"(?P<lead>^|[\s?&;,{])(?P<name>[A-Za-z_][\w.-]*)(?P<sep>\s*(?:=|:(?!//))\s*)"
+    r"(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|(?:bearer|basic)\s+[^\s&;,]+|[^\s&;,]*)",
+    re.IGNORECASE,
+)
+_AUTH_SCHEME_CREDENTIAL = re.compile(
+    r"(?P<scheme>\b(?:bearer|basic)\s+)(?P<credential>[A-Za-z0-9._~+/=-]{8,})", re.IGNORECASE
+)
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z0-9]+", _CAMEL_BOUNDARY.sub(r"\1_\2", name).lower()) if w]
 
 
 def is_secret_key(name: str) -> bool:
     """Whether a configuration key ``name`` holds a secret (see the module docstring)."""
-    words = [w for w in re.split(r"[^a-z0-9]+", _CAMEL_BOUNDARY.sub(r"\1_\2", name).lower()) if w]
+    words = _words(name)
     if not words or words[-1] in _LOCATION_WORDS:
         return False
-    if any(word in _SECRET_WORDS for word in words):
+    if any(word in _SECRET_WORDS or word.endswith(_SECRET_SUFFIXES) for word in words):
         return True
-    return any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
+    if any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words)):
+        return True
+    last = words[-1]
+    if last in _SECRET_LAST_WORDS_AFTER_ANOTHER:
+        return len(words) > 1
+    if last in ("key", "keys"):
+        return len(words) > 1 and words[-2] not in _NON_SECRET_KEY_KINDS
+    return last in _SECRET_LAST_WORDS
 
 
 def redact_secrets(value: Any) -> Any:
@@ -75,26 +132,49 @@ def _redact_entry(key: str, value: Any) -> Any:
     return redact_secrets(value)
 
 
-def _redact_string(text: str) -> str:
+def _redact_json_object(text: str) -> str | None:
+    """``text`` redacted inside when it holds a JSON object; None when it does not."""
     stripped = text.strip()
-    if stripped.startswith("{") and stripped.endswith("}"):
-        try:
-            parsed = json.loads(stripped)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            cleaned = redact_secrets(parsed)
-            return text if cleaned == parsed else json.dumps(cleaned)
+    if not (stripped.startswith("{") and stripped.endswith("}")):
+        return None
+    try:
+        parsed = json.loads(stripped)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    cleaned = redact_secrets(parsed)
+    return text if cleaned == parsed else json.dumps(cleaned)
 
-    def userinfo(match: re.Match[str]) -> str:
-        user, colon, _password = match["userinfo"].partition(":")
-        # "user:password@" keeps the user; a lone "<x>@" may be a token, so all of it goes.
-        kept = f"{user}:{REDACTED}" if colon else REDACTED
-        return f"{match['scheme']}{kept}@"
 
-    def query(match: re.Match[str]) -> str:
-        if not is_secret_key(match["name"]) or not match["value"]:
-            return match[0]
-        return f"{match['lead']}{match['name']}={REDACTED}"
+def _redact_userinfo(match: re.Match[str]) -> str:
+    user, colon, _password = match["userinfo"].partition(":")
+    if colon:
+        # "user:password@" keeps the user (the password may hold "/" or "@").
+        return f"{match['scheme']}{user}:{REDACTED}@"
+    if "/" in user:
+        return match[0]  # an "@" in the path ("https://host/@name"), not credentials
+    return f"{match['scheme']}{REDACTED}@"  # a lone "<x>@" may be a token
 
-    return _QUERY_PARAM.sub(query, _URL_USERINFO.sub(userinfo, text))
+
+def _redact_named_values(text: str) -> str:
+    """Each secret-named pair's value redacted.  A pair whose name is not secret gives up
+    only its name, so a pair inside its value (``next=https://h/?token=x``) is still seen."""
+    parts: list[str] = []
+    done = position = 0
+    while (match := _NAMED_VALUE.search(text, position)) is not None:
+        if match["value"] and is_secret_key(match["name"]):
+            parts += [text[done : match.start("value")], REDACTED]
+            done = position = match.end()
+        else:
+            position = max(match.end("sep"), position + 1)
+    return "".join(parts) + text[done:]
+
+
+def _redact_string(text: str) -> str:
+    inside_json = _redact_json_object(text)
+    if inside_json is not None:
+        return inside_json
+    text = _URL_USERINFO.sub(_redact_userinfo, text)
+    text = _redact_named_values(text)
+    return _AUTH_SCHEME_CREDENTIAL.sub(lambda m: f"{m['scheme']}{REDACTED}", text)

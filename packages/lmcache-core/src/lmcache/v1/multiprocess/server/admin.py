@@ -70,11 +70,12 @@ class AdminOps(WorkerRegistry, LookupOps):
             message = f"{operation}: the admin token presented is wrong"
         raise ProtocolError(ErrorCode.UNAUTHORIZED, message)
 
-    def check_admin_token(self, presented_token: str | None) -> TokenCheck:
-        """The token check alone (the HTTP frontend has its own enable flag)."""
+    def check_admin_token(self, presented_token: str | None, where: str) -> TokenCheck:
+        """The token check alone (the HTTP frontend has its own enable flags); a refusal is
+        logged under ``where`` (e.g. ``HTTP /run_script``), rate-limited per ``where``."""
         check = self.settings.admin.check_token(presented_token)
         if check is not TokenCheck.OK:
-            self._refusals.note("HTTP /cache/clear", f"{check.value} admin token")
+            self._refusals.note(where, f"{check.value} admin token")
         return check
 
     def remove_all(self, force: bool = False) -> int:

@@ -10,10 +10,14 @@ configured it needs ``Authorization: Bearer <token>``).  Every error of these is
 object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
 
 The operator routes of :mod:`lmcache.v1.multiprocess.server.operator_routes` are mounted too:
-``GET /env`` (secrets redacted), ``GET /loglevel`` (setting a level), ``GET /threads``,
-``GET /periodic-threads[/{name}]``, ``GET /periodic-threads-health`` and ``POST
-/run_script`` (only with ``--run-script-api-enabled``); with an admin token configured,
-``/env``, setting a level and ``/run_script`` need it as well.
+``GET /env`` (secrets redacted), ``GET /loglevel`` (reading and setting levels of existing
+loggers), ``GET /threads``, ``GET /periodic-threads[/{name}]``, ``GET
+/periodic-threads-health`` and ``POST /run_script`` (only with ``--run-script-api-enabled``);
+with an admin token configured, ``/env``, ``/loglevel`` and ``/run_script`` need it as well.
+
+Connections are limited (:mod:`.http_limits`): a request head must arrive within
+``--http-header-timeout-s``, its body within ``--http-body-timeout-s``, and at most
+``--http-max-connections`` are open at once.
 
 The socket is bound before the thread starts, so a busy port is reported synchronously
 (:class:`OSError`) rather than by uvicorn exiting its thread.  ``--prometheus-port`` serves
@@ -29,15 +33,18 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from lmcache.v1.multiprocess.server.config_report import list_l2_adapters, server_configs
 from lmcache.v1.multiprocess.server.extensions import extension_http_routers
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
+from lmcache.v1.multiprocess.server.http_limits import HTTPLimits, HTTPLimitStats, limited_protocol
 from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.server.operator_routes import (
     env_api,
@@ -71,6 +78,8 @@ _OPERATOR_ROUTERS = (
     run_script_api.router,
 )
 _STOP_TIMEOUT_S = 5.0
+# {"force": true} is 15 bytes; the cap keeps a large body from being read at all.
+MAX_CLEAR_BODY_BYTES = 4096
 
 
 def _error(
@@ -87,9 +96,19 @@ def _bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
+def _route_label(request: Request) -> str:
+    """``HTTP <route>``: the matched route's path template (a short fixed set, so each
+    route gets its own refusal-log window), else the request path."""
+    route = request.scope.get("route")
+    path = getattr(route, "path", None)
+    return f"HTTP {path if isinstance(path, str) else request.url.path}"
+
+
 def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | None:
     """A 401 reply unless the request carries the admin token (when one is configured)."""
-    check = engine.check_admin_token(_bearer_token(request.headers.get("authorization")))
+    check = engine.check_admin_token(
+        _bearer_token(request.headers.get("authorization")), _route_label(request)
+    )
     if check is TokenCheck.OK:
         return None
     if check is TokenCheck.MISSING:
@@ -105,13 +124,56 @@ def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | Non
     return _error(401, "unauthorized", message, {"WWW-Authenticate": challenge})
 
 
+class ClearRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of ``POST /cache/clear`` (empty is ``{}``)."""
+
+    force: bool = False
+
+
+async def _read_capped(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it exceeds ``limit`` bytes (the rest is not read)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+async def _clear_request(request: Request) -> ClearRequest | JSONResponse:
+    """The parsed body, or the 4xx reply for it.  msgspec validates while it parses, so
+    deep nesting, wrong types, invalid UTF-8 and out-of-range numbers are all one typed
+    decode error (``json.loads`` would raise RecursionError on deep nesting)."""
+    try:
+        body = await _read_capped(request, MAX_CLEAR_BODY_BYTES)
+    except ClientDisconnect:
+        return _error(400, "bad_request", "the client went away before sending the body")
+    if body is None:
+        return _error(
+            413,
+            "payload_too_large",
+            f'the body may hold at most {MAX_CLEAR_BODY_BYTES} bytes, e.g. {{"force": true}}',
+        )
+    if not body.strip():
+        return ClearRequest()
+    try:
+        return msgspec.json.decode(body, type=ClearRequest)
+    except msgspec.ValidationError as exc:
+        return _error(400, "bad_request", f'the body may only hold {{"force": <bool>}}: {exc}')
+    except msgspec.DecodeError as exc:
+        return _error(
+            400, "bad_request", f'the body must be UTF-8 JSON, e.g. {{"force": true}}: {exc}'
+        )
+
+
 async def clear_cache_reply(
     engine: MPCacheServer, request: Request, allow_cache_clear: bool, force: bool
 ) -> Any:
     """The ``POST /cache/clear`` answer: 403 unless enabled, 401 without the admin token
-    (when one is configured), 400 for a body other than ``{"force": <bool>}``; otherwise
-    removes every L1 object (``force`` also the pinned ones).  Shared with the
-    upstream-shaped routes in :mod:`lmcache.compat.upstream_056.http_apis`."""
+    (when one is configured), 400 for a body other than ``{"force": <bool>}`` (413 past
+    :data:`MAX_CLEAR_BODY_BYTES`); otherwise removes every L1 object (``force`` also the
+    pinned ones).  Shared with the upstream-shaped routes in
+    :mod:`lmcache.compat.upstream_056.http_apis`."""
     if not allow_cache_clear:
         return _error(
             403, "forbidden", "cache clearing over HTTP is off (--enable-http-cache-clear)"
@@ -119,17 +181,10 @@ async def clear_cache_reply(
     refused = _unauthorized(engine, request)
     if refused is not None:
         return refused
-    body = await request.body()
-    if body:
-        try:
-            payload = await request.json()
-        except ValueError:
-            return _error(400, "bad_request", 'the body must be JSON, e.g. {"force": true}')
-        if not isinstance(payload, dict) or set(payload) - {"force"}:
-            return _error(400, "bad_request", 'the body may only hold {"force": <bool>}')
-        if not isinstance(payload.get("force", False), bool):
-            return _error(400, "bad_request", '"force" must be a boolean')
-        force = force or bool(payload.get("force", False))
+    parsed = await _clear_request(request)
+    if isinstance(parsed, JSONResponse):
+        return parsed
+    force = force or parsed.force
     removed = engine.remove_all(force=force)
     logger.info("HTTP /cache/clear removed %d objects (force=%s)", removed, force)
     return {"status": "ok", "removed": removed, "force": force}
@@ -219,7 +274,11 @@ class HTTPFrontend:
         port: int,
         is_serving: Callable[[], bool] = lambda: True,
         allow_cache_clear: bool = False,
+        limits: HTTPLimits | None = None,
     ) -> None:
+        limits = limits or HTTPLimits()
+        limits.warn_if_near_the_descriptor_limit()
+        self._protocol = limited_protocol(limits)
         self._sock = socket.socket(
             socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
         )
@@ -244,10 +303,12 @@ class HTTPFrontend:
                 self.port,
                 ""
                 if engine.settings.admin.token
-                else " for anyone who can reach the port (no admin token is configured)",
+                # A non-loopback host without a token was refused at start-up.
+                else " for any local process (no admin token is configured)",
             )
         config = uvicorn.Config(
             build_app(engine, is_serving, allow_cache_clear),
+            http=self._protocol,  # h11 with header/body timeouts and a connection cap
             log_level="warning",
             access_log=False,
             log_config=None,  # uvicorn's dictConfig would close the process's handlers
@@ -261,6 +322,15 @@ class HTTPFrontend:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def limit_stats(self) -> HTTPLimitStats:
+        """How many connections the header/body timeouts and the cap have closed."""
+        return self._protocol.stats
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._server.server_state.connections)
 
     def start(self) -> None:
         self._thread.start()

@@ -118,6 +118,7 @@ def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
     which is how an orchestrator notices).
     """
     from lmcache.v1.multiprocess.server.http_frontend import HTTPFrontend, PrometheusEndpoint
+    from lmcache.v1.multiprocess.server.http_limits import HTTPLimits
 
     frontends: list[Any] = []
     server.http_url = None
@@ -129,6 +130,11 @@ def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
                 config.http_port,
                 is_serving=server.is_serving,
                 allow_cache_clear=config.enable_http_cache_clear,
+                limits=HTTPLimits(
+                    header_timeout_s=config.http_header_timeout_s,
+                    body_timeout_s=config.http_body_timeout_s,
+                    max_connections=config.http_max_connections,
+                ),
             )
         except OSError as exc:
             logger.error(

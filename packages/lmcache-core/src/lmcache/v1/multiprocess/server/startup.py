@@ -20,7 +20,7 @@ import torch
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
 from lmcache.v1.multiprocess.server_config import MPServerConfig
-from lmcache.v1.multiprocess.wire.security import admin_policy
+from lmcache.v1.multiprocess.wire.security import admin_policy, check_run_script_exposure
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
 from lmcache.v1.storage_backend.redis.connection import RedisUnavailableError
@@ -67,6 +67,9 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         config.admin_token,
         config.admin_token_file,
         os.environ,
+    )
+    check_run_script_exposure(
+        config.run_script_api_enabled, config.http_host, config.http_port, admin
     )
     tiers = config.tier_settings()  # every tier input checked; nothing allocated yet
     engine_config = tiers.config

@@ -165,6 +165,25 @@ def warn_if_exposed(listener: str, host: str, port: int, reachable: str) -> bool
     return True
 
 
+def check_run_script_exposure(
+    run_script_enabled: bool, http_host: str, http_port: int, policy: AdminPolicy
+) -> None:
+    """``POST /run_script`` runs uploaded code in the server; the restricted builtins are
+    not a sandbox.  On an HTTP frontend bound beyond loopback it therefore needs an admin
+    token: without one, raises ``ValueError`` (start-up is refused before anything binds)."""
+    if not run_script_enabled or not http_port or policy.token is not None:
+        return
+    if is_loopback_host(http_host):
+        return
+    raise ValueError(
+        f"--run-script-api-enabled on --http-host {http_host}, which is not a loopback "
+        f"address, needs an admin token (--admin-token-file, --admin-token or "
+        f"{ADMIN_TOKEN_ENV}): without one any host that can reach port {http_port} could run "
+        f"code in this server. Configure a token or bind --http-host 127.0.0.1; see "
+        f"{THREAT_MODEL_DOC}"
+    )
+
+
 def rpc_reach(policy: AdminPolicy) -> str:
     """What a peer on the ZMQ RPC port may do, for :func:`warn_if_exposed`."""
     reach = "store and read KV cache chunks and unregister workers"
@@ -177,7 +196,7 @@ def http_reach(policy: AdminPolicy, allow_cache_clear: bool, allow_run_script: b
     """What a peer on the HTTP frontend may do, for :func:`warn_if_exposed`."""
     reach = "read /status (worker and model names), /metrics, /config and thread stacks"
     if policy.token is None:
-        reach += ", read /env (secrets redacted), change log levels"
+        reach += ", read /env (secrets redacted), read and change log levels"
     if allow_cache_clear and policy.token is None:
         reach += ", and wipe the whole cache (--enable-http-cache-clear without an admin token)"
     if allow_run_script and policy.token is None:

@@ -7,22 +7,26 @@ script is the multipart file field ``script`` (at most :data:`MAX_SCRIPT_BYTES`)
 ``app`` (the FastAPI application, whose ``state`` holds the server), a few builtins, and
 may import only the modules of ``script_allowed_imports``.  Its ``result`` variable is the
 reply text (default ``Script executed successfully``); an exception (``sys.exit()``
-included) is a 500 with its message.  The restricted builtins are not a security
-boundary: enable it only where every caller is trusted.  Each run is logged at WARNING
-level, for the audit trail.
+included) is a 500 with its message.  A body that holds no script (not multipart, no
+``script`` file, malformed) or a script that does not compile is a 400 JSON
+``{"error": "bad_request", "message": ...}`` (413 past the size limit).  The restricted
+builtins are not a security boundary: enable it only where every caller is trusted.  Each
+run is logged at WARNING level, for the audit trail.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from lmcache.v1.multiprocess.server.operator_routes.access import refuse_unless_authorized, setting
 
@@ -33,6 +37,8 @@ logger = logging.getLogger(__name__)
 router = APIRouter()
 
 MAX_SCRIPT_BYTES = 1 << 20
+_MULTIPART = "multipart/form-data"
+_NO_SCRIPT = "No script file provided: send it as the multipart/form-data file field 'script'"
 DEFAULT_RESULT = "Script executed successfully"
 _DISABLED = (
     "The /run_script API is disabled. It executes caller-supplied code in-process, so it "
@@ -63,19 +69,31 @@ def _allowed_modules(names: list[str]) -> dict[str, ModuleType]:
     return modules
 
 
+class _ScriptDoesNotCompile(Exception):
+    """The uploaded bytes are not a Python program (the caller's error: a 400)."""
+
+
+def _compile(source: bytes) -> CodeType:
+    try:
+        return compile(source, "<run_script>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise _ScriptDoesNotCompile(f"{type(exc).__name__}: {exc}") from None
+
+
 def _execute(source: bytes, app: Any, allowed: dict[str, ModuleType]) -> str:
     def restricted_import(name: str, *_args: Any, **_kwargs: Any) -> ModuleType:
         if name in allowed:
             return allowed[name]
         raise ImportError(f"Import of '{name}' is not allowed")
 
+    code = _compile(source)
     script_globals: dict[str, Any] = {
         "__builtins__": {**_SAFE_BUILTINS, "__import__": restricted_import},
         "app": app,
     }
     script_locals: dict[str, Any] = {}
     try:
-        exec(compile(source, "<run_script>", "exec"), script_globals, script_locals)
+        exec(code, script_globals, script_locals)
     except Exception:
         raise
     except BaseException as exc:
@@ -83,6 +101,31 @@ def _execute(source: bytes, app: Any, allowed: dict[str, ModuleType]) -> str:
         # the request machinery (or the server's HTTP thread) around it.
         raise RuntimeError(f"the script raised {type(exc).__name__}({exc})") from None
     return str(script_locals.get("result", DEFAULT_RESULT))
+
+
+def _bad_request(message: str, status: int = 400) -> Response:
+    code = "payload_too_large" if status == 413 else "bad_request"
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+async def _uploaded_script(request: Request) -> bytes | Response:
+    """The ``script`` file field's bytes, or the 4xx reply for a body that holds none."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != _MULTIPART:
+        return _bad_request(_NO_SCRIPT)
+    try:
+        form = await request.form()
+        upload = form.get("script")
+        if upload is None or isinstance(upload, str):
+            return _bad_request(_NO_SCRIPT)
+        source = await upload.read(MAX_SCRIPT_BYTES + 1)
+    except (HTTPException, MultiPartException, ClientDisconnect, ValueError) as exc:
+        # Starlette reports a malformed multipart body as an HTTPException(400) inside an
+        # app, as MultiPartException outside one.
+        detail = getattr(exc, "detail", None) or getattr(exc, "message", None) or exc
+        return _bad_request(f"malformed multipart body ({detail}); {_NO_SCRIPT}")
+    if len(source) > MAX_SCRIPT_BYTES:
+        return _bad_request(f"script larger than {MAX_SCRIPT_BYTES} bytes", status=413)
+    return bytes(source)
 
 
 @router.post("/run_script")
@@ -93,18 +136,16 @@ async def run_script(request: Request) -> Response:
     refusal = refuse_unless_authorized(request)
     if refusal is not None:
         return refusal
-    form = await request.form()
-    upload = form.get("script")
-    if upload is None or isinstance(upload, str):
-        return PlainTextResponse("No script file provided", status_code=400)
-    source = await upload.read(MAX_SCRIPT_BYTES + 1)
-    if len(source) > MAX_SCRIPT_BYTES:
-        return PlainTextResponse(f"script larger than {MAX_SCRIPT_BYTES} bytes", status_code=413)
+    source = await _uploaded_script(request)
+    if isinstance(source, Response):
+        return source
     client = request.client.host if request.client else "unknown"
     logger.warning("run_script: executing %d bytes sent by %s", len(source), client)
     allowed = _allowed_modules(list(setting(request, "script_allowed_imports", None) or []))
     try:
         text = await run_in_threadpool(_execute, source, request.app, allowed)
+    except _ScriptDoesNotCompile as exc:
+        return _bad_request(f"the script does not compile: {exc}")
     except Exception as exc:  # the script's own error is the reply, not a server fault
         logger.warning("run_script: the script raised %s: %s", type(exc).__name__, exc)
         return PlainTextResponse(f"Error executing script: {exc}", status_code=500)
