@@ -67,15 +67,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["selected", "torch"],
         help="candidate: lmcache.device_ops (selected) or the torch baseline",
     )
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--chunk-tokens", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=32, help="KV layers")
+    parser.add_argument("--kv-heads", type=int, default=8, help="KV heads per layer")
+    parser.add_argument("--head-dim", type=int, default=128, help="elements per head")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
+    parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per LMCache object")
     parser.add_argument("--chunks", type=int, default=4, help="LMCache objects per call")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="fp16", help="KV element type"
+    )
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls first")
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls (median reported)")
     parser.add_argument(
         "--family",
         action="append",

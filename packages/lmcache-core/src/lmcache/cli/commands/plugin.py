@@ -33,6 +33,17 @@ from lmcache.v1.platform.registry import (
     build_registry,
 )
 
+CHECK_DESCRIPTION = (
+    "Validate the installed lmcache.device_plugins entry points (all, or the one named): "
+    "one line per problem or warning, exit status 1 on any problem."
+)
+NEW_DESCRIPTION = (
+    "Write a complete device-plugin repository for backend NAME: pyproject.toml with the "
+    "entry point, the DeviceSpec, DeviceOps over the kernel kit, the conformance tests, a "
+    "noxfile and a CI workflow.  It builds, installs and passes its own tests outside this "
+    "checkout (nox -s tests with LMCACHE_WHEELHOUSE set)."
+)
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -40,7 +51,9 @@ def register(subparsers: Any) -> None:
     )
     actions = parser.add_subparsers(dest="plugin_command", metavar="ACTION", required=True)
     check = actions.add_parser(
-        "check", help="Validate installed lmcache.device_plugins entry points."
+        "check",
+        help="Validate installed lmcache.device_plugins entry points.",
+        description=CHECK_DESCRIPTION,
     )
     check.add_argument("name", nargs="?", help="entry-point / backend name (default: all)")
     check.add_argument(
@@ -50,7 +63,9 @@ def register(subparsers: Any) -> None:
         help="an entry-point import slower than this is a problem (default %(default)s)",
     )
     check.set_defaults(func=run_check)
-    new = actions.add_parser("new", help="Scaffold an external device-plugin repository.")
+    new = actions.add_parser(
+        "new", help="Scaffold an external device-plugin repository.", description=NEW_DESCRIPTION
+    )
     new.add_argument("name", help="backend name (lowercase letters, digits, _)")
     new.add_argument("--device-type", default=None, help="torch device type (default: NAME)")
     new.add_argument(
