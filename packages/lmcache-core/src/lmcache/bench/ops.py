@@ -73,9 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per LMCache object")
     parser.add_argument("--chunks", type=int, default=4, help="LMCache objects per call")
-    parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), default="fp16", help="KV element type"
-    )
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="KV element type")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     parser.add_argument("--repeats", type=int, default=7, help="timed calls (median reported)")
     parser.add_argument(

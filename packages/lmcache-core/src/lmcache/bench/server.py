@@ -66,9 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-size", type=int, default=64, help="elements per head")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
     parser.add_argument("--chunk-size", type=int, default=256, help="tokens per chunk")
-    parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), default="bf16", help="KV element type"
-    )
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="KV element type")
     parser.add_argument("--chunks", type=int, default=8, help="chunks per request")
     parser.add_argument("--iters", type=int, default=4, help="timed requests per worker")
     parser.add_argument(

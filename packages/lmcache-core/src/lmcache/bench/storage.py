@@ -62,9 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", type=int, default=8, help="KV heads per layer")
     parser.add_argument("--head-dim", type=int, default=128, help="elements per head")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per chunk")
-    parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), default="bf16", help="KV element type"
-    )
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="KV element type")
     parser.add_argument("--chunks", type=int, default=8, help="chunks per put/get call")
     parser.add_argument("--lookup-keys", type=int, default=64, help="keys per prefix lookup")
     parser.add_argument(
