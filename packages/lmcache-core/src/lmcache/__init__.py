@@ -11,6 +11,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# Upstream's `lmcache` distribution installs this same package: say so before it bites.
+from lmcache.distributions import warn_if_upstream_installed
+
+warn_if_upstream_installed()
+
 
 def __getattr__(name: str) -> Any:
     if name in ("torch_dev", "torch_device_type"):

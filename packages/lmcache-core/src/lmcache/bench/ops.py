@@ -27,7 +27,6 @@ import torch
 
 from lmcache.bench._output import (
     Bar,
-    _NoBar,
     add_output_arguments,
     plot_bars,
     progress,
@@ -188,7 +187,8 @@ def _gbps(nbytes: int, seconds: float) -> float:
 
 
 @contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``count`` for the block, then restored."""
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
@@ -230,7 +230,7 @@ def memcpy_bound_gbps(
 
     best = 0.0
     for threads in sorted({torch.get_num_threads(), 1}, reverse=True):
-        with _torch_threads(threads):
+        with torch_threads(threads):
             _copy_rate(copy, nbytes, clock)  # first touch of dst, thread pool start-up
             for _ in range(max(samples, BOUND_MIN_SAMPLES)):
                 best = max(best, _copy_rate(copy, nbytes, clock))
@@ -271,6 +271,25 @@ def bench_arguments(*argv: str) -> argparse.Namespace:
     return args
 
 
+def _interleaved_best(
+    calls: Mapping[str, Callable[[], Any]], warmup: int, repeats: int
+) -> dict[str, float]:
+    """Fewest seconds of each call, timed in turns (A B A B ...) so a change of load on
+    the host hits every call alike.  The best, not the median: on a loaded host most
+    calls of a multi-threaded torch op wait for a descheduled pool thread (medians of one
+    op differ 10x from run to run, best times by well under 2x)."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    samples: dict[str, list[float]] = {label: [] for label in calls}
+    for _ in range(repeats):
+        for label, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[label].append(time.perf_counter() - start)
+    return {label: min(times) for label, times in samples.items()}
+
+
 def compare_block_transfer(
     ops: Mapping[str, Callable[..., None]],
     args: argparse.Namespace,
@@ -279,24 +298,19 @@ def compare_block_transfer(
 ) -> dict[str, dict[str, float]]:
     """GB/s of each ``multi_layer_block_kv_transfer`` in ``ops`` (label -> function) on one
     workload of ``family``, the paged cache on ``device``: direction -> label -> GB/s.
-    The ops run in turn, one after the other, for each direction."""
+    The ops take turns, call by call; each one's best call counts (:func:`_interleaved_best`)."""
     fmt = dict(FAMILIES)[family]
     w = _workload(fmt, args, device)
-    bar = _NoBar()  # the callers print their own lines
     rates: dict[str, dict[str, float]] = {}
     for direction in (TransferDirection.D2H, TransferDirection.H2D):
 
-        def call(fn: Callable[..., None], direction: TransferDirection = direction) -> None:
-            fn(w.paged, w.objects, w.block_ids, device, direction, w.desc, w.chunk_tokens,
-               w.fmt, 0)  # fmt: skip
+        def bind(fn: Callable[..., None], direction: TransferDirection = direction) -> Any:
+            return lambda: fn(w.paged, w.objects, w.block_ids, device, direction, w.desc,
+                              w.chunk_tokens, w.fmt, 0)  # fmt: skip
 
-        rates[direction.name] = {
-            label: _gbps(
-                w.nbytes,
-                _median_seconds(lambda f=fn: call(f), args.warmup, args.repeats, bar),  # type: ignore[misc]
-            )
-            for label, fn in ops.items()
-        }
+        calls = {label: bind(fn) for label, fn in ops.items()}
+        seconds = _interleaved_best(calls, args.warmup, args.repeats)
+        rates[direction.name] = {label: _gbps(w.nbytes, s) for label, s in seconds.items()}
     return rates
 
 
