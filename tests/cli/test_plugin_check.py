@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from nocore import write_upstream_metadata
 
 CLI = "import sys\nfrom lmcache.cli.main import main\nsys.exit(main({argv!r}))"
 
@@ -158,3 +160,53 @@ def test_devices_shows_diagnoses_and_device_type_fallback(
     text = _cli(run_python, ["devices"], path, DEVICE_TYPE="nosuchdev").stdout
     assert "DEVICE_TYPE=nosuchdev: no registered backend has that device_type" in text
     assert "Diagnoses:" in text and "halfdriven: problem:" in text
+
+
+SEED_STYLE = """
+    from lmcache.v1.platform.base.device_spec import DeviceSpec
+
+    class SeedSpec(DeviceSpec):
+        device_type = property(lambda self: "seeddev")
+        backend_name = property(lambda self: "seedfoo")
+        torch_module_name = property(lambda self: "seeddev")
+"""
+FIX = 'dependencies = ["lmcache-core>=0.1,<0.2"] instead of "lmcache"'
+
+
+def test_plugin_requiring_upstream_lmcache_is_a_problem_with_the_fix(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    # The seed guide's pyproject: dependencies = ["lmcache"], installed with --no-deps.
+    path = installed_module("seed_style", SEED_STYLE, {"seedfoo": "seed_style:SeedSpec"},
+                            requires=["lmcache"])  # fmt: skip
+    proc = _cli(run_python, ["plugin", "check", "seedfoo"], path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "seedfoo: problem:" in line]
+    assert "lmcache-inline-seed-style 0.0.1 requires 'lmcache'" in line
+    assert "upstream LMCache's distribution, not lmcache-core" in line and FIX in line
+    report = json.loads(_cli(run_python, ["devices", "--json"], path).stdout)
+    assert any(d.startswith("seedfoo: problem:") and FIX in d for d in report["diagnoses"])
+
+
+def test_plugin_requiring_lmcache_core_is_fine(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    path = installed_module("seed_fixed", SEED_STYLE, {"seedfoo": "seed_fixed:SeedSpec"},
+                            requires=["lmcache-core>=0.1,<0.2"])  # fmt: skip
+    proc = _cli(run_python, ["plugin", "check", "seedfoo"], path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(lmcache-inline-seed-fixed 0.0.1): ok" in proc.stdout
+
+
+def test_upstream_installed_beside_the_core_is_a_problem(
+    run_python: Any, installed_plugins: Callable[..., str], tmp_path: Path
+) -> None:
+    path = installed_plugins("good")
+    write_upstream_metadata(tmp_path / "site")  # the folder installed_plugins put first
+    proc = _cli(run_python, ["plugin", "check", "fakegood"], path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("lmcache-core: problem: upstream LMCache's distribution lmcache 0.5.6")
+    assert "pip uninstall -y lmcache lmcache-core" in first
+    report = json.loads(_cli(run_python, ["devices", "--json"], path).stdout)
+    assert any(d.startswith("lmcache-core: problem: upstream") for d in report["diagnoses"])
