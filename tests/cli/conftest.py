@@ -74,3 +74,9 @@ def installed_module(tmp_path: Path) -> Callable[..., str]:
         return _python_path(site)
 
     return install
+
+
+@pytest.fixture
+def dist_info() -> Callable[..., None]:
+    """:func:`write_dist`, for a test that lays out its own site folder."""
+    return write_dist
