@@ -210,3 +210,52 @@ def test_upstream_installed_beside_the_core_is_a_problem(
     assert "pip uninstall -y lmcache lmcache-core" in first
     report = json.loads(_cli(run_python, ["devices", "--json"], path).stdout)
     assert any(d.startswith("lmcache-core: problem: upstream") for d in report["diagnoses"])
+
+
+SLOW_SPEC = """
+    import os
+    import time
+    from lmcache.v1.platform import torch_ops
+    from lmcache.v1.platform.cpu import CpuDeviceSpec
+    from lmcache.v1.platform.cpu.device_ops import CpuDeviceOps
+
+    class SlowOps(CpuDeviceOps):
+        def multi_layer_block_kv_transfer(self, *args, **kwargs):
+            time.sleep(0.05)  # a kernel ~20x slower than the baseline at these sizes
+            return torch_ops.multi_layer_block_kv_transfer(*args, **kwargs)
+
+    class Slow(CpuDeviceSpec):
+        backend_name = property(lambda self: "slowcpu")
+        priority = property(lambda self: int(os.environ.get("SLOW_PRIORITY", "100")))
+        ops_cls = property(lambda self: SlowOps)
+"""
+
+
+def test_a_slower_backend_that_takes_over_is_a_warning(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    path = installed_module("slow_cpu", SLOW_SPEC, {"slowcpu": "slow_cpu:Slow"})
+    proc = _cli(run_python, ["plugin", "check", "slowcpu"], path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # a warning, not a problem
+    (line,) = [line for line in proc.stdout.splitlines() if "slowcpu: warning:" in line]
+    assert "selected over cpu (priority 100 > 0) but its multi_layer_block_kv_transfer" in line
+    assert "x (D2H)" in line and "keep its priority below 0" in line
+
+
+def test_below_the_other_backends_it_is_not_measured_unless_asked(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    path = installed_module("slow_cpu", SLOW_SPEC, {"slowcpu": "slow_cpu:Slow"})
+    proc = _cli(run_python, ["plugin", "check", "slowcpu"], path, SLOW_PRIORITY="-1")
+    assert proc.returncode == 0 and "(lmcache-inline-slow-cpu 0.0.1): ok" in proc.stdout
+    assert "speed:" not in proc.stdout
+    bench = _cli(run_python, ["plugin", "check", "slowcpu", "--bench"], path, SLOW_PRIORITY="-1")
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    lines = bench.stdout.splitlines()
+    assert any(line.strip().startswith("speed: multi_layer_block_kv_transfer") for line in lines)
+    rows = [line.split() for line in lines if line.strip().startswith(("D2H", "H2D"))]
+    assert [row[0] for row in rows] == ["D2H", "H2D"]
+    for row in rows:  # D2H  slowcpu 0.31  torch baseline 9.80  ratio 0.03x
+        assert row[1] == "slowcpu" and row[3:5] == ["torch", "baseline"] and row[6] == "ratio"
+        ratio = float(row[2]) / float(row[5])
+        assert float(row[7].rstrip("x")) == pytest.approx(ratio, rel=0.05, abs=0.011)
