@@ -30,18 +30,19 @@ def _is_lmcache_entry(entry: os.DirEntry[str]) -> bool:
     return False
 
 
-def make_python_without_core(folder: Path) -> Path:
-    """A fresh venv (no pip of its own) that sees this interpreter's packages except
-    every lmcache distribution and package: torch, pip, pytest, setuptools, ... are
-    "installed" in it, so pip resolves them without an index, and lmcache-core (and a
-    plugin) must come from where the test says.  Returns its python."""
+def make_python_without_core(folder: Path, venv: Path | None = None) -> Path:
+    """A fresh venv (``venv``, default ``folder/venv``; no pip of its own) that sees this
+    interpreter's packages except every lmcache distribution and package: torch, pip,
+    pytest, setuptools, ... are "installed" in it, so pip resolves them without an index,
+    and lmcache-core (and a plugin) must come from where the test says.  Returns its
+    python."""
     deps = folder / "deps-site"
     deps.mkdir(parents=True)
     with os.scandir(sysconfig.get_paths()["purelib"]) as entries:
         for entry in entries:
             if not _is_lmcache_entry(entry):
                 (deps / entry.name).symlink_to(entry.path)
-    venv = folder / "venv"
+    venv = venv or folder / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from nocore import env_without_core
 from prerequisites import require_module, require_prerequisite
 
 from lmcache.cli.scaffold import plugin_files
@@ -230,3 +231,24 @@ def test_refuses_a_non_empty_output(tmp_path: Path) -> None:
                            "--output", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 1 and "is not empty" in proc.stderr
+
+
+def _scaffold_nox(project: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nox", "-s", "tests"], cwd=project,
+                          env=env_without_core(env), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_scaffold_nox_names_the_missing_wheelhouse_before_installing(tmp_path: Path) -> None:
+    require_module("nox", "runs the scaffold's noxfile")
+    project = _scaffold(tmp_path, "acme", "--device-type", "cpu")
+    unset = _scaffold_nox(project)
+    out = unset.stdout + unset.stderr
+    assert unset.returncode != 0 and "LMCACHE_WHEELHOUSE is not set" in out, out
+    assert "pip install" not in out  # fails before the 1.5 minutes of installs
+    (tmp_path / "empty").mkdir()
+    empty = _scaffold_nox(project, LMCACHE_WHEELHOUSE=str(tmp_path / "empty"))
+    out = empty.stdout + empty.stderr
+    assert empty.returncode != 0 and "holds no lmcache_core-*.whl" in out, out
+    ci = (project / ".github" / "workflows" / "ci.yml").read_text()
+    assert "LMCACHE_WHEELHOUSE: ${{ github.workspace }}/wheelhouse" in ci
