@@ -37,7 +37,9 @@ _PACKAGE_INIT = "lmcache/__init__.py"
 def core_requirement(version: str | None = None) -> str:
     """The range a plugin pins lmcache-core to: this minor series (``>=0.1,<0.2``)."""
     if version is None:
-        from lmcache import __version__ as version
+        from lmcache import __version__
+
+        version = __version__
     major, minor = (int(part) for part in version.split(".")[:2])
     return f"{CORE_DISTRIBUTION}>={major}.{minor},<{major}.{minor + 1}"
 

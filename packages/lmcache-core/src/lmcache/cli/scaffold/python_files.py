@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 class ${cls}DeviceSpec(CpuDeviceSpec):
     """Host memory with this plugin's kernels.
 
-    The highest priority among available backends of a device type is selected.  Below
-    the in-tree ``cpu`` (0) and ``cpu_native`` (10), this backend runs only where it is
-    asked for (``LMCACHE_DEVICE_BACKEND=$name``, the conformance suite's
-    ``--lmcache-backend $name``); raise it above them once ``lmcache plugin check $name
-    --bench`` shows its kernels beat theirs.
+    The highest priority among available backends of a device type is selected (the
+    in-tree ``cpu`` has 0, lmcache-cpu's ``cpu_native`` 10).  Below them this backend runs
+    only where it is asked for (``LMCACHE_DEVICE_BACKEND=$name``, the conformance suite's
+    ``--lmcache-backend $name``); set a priority above theirs only once ``lmcache plugin
+    check $name --bench`` shows its kernels beat theirs.
     """
 
     @property
