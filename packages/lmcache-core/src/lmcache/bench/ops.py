@@ -301,12 +301,18 @@ def compare_block_transfer(
     The ops take turns, call by call; each one's best call counts (:func:`_interleaved_best`)."""
     fmt = dict(FAMILIES)[family]
     w = _workload(fmt, args, device)
+    module = getattr(torch, torch.device(device).type, None)
+    sync: Callable[[], Any] = getattr(module, "synchronize", None) or (lambda: None)
     rates: dict[str, dict[str, float]] = {}
     for direction in (TransferDirection.D2H, TransferDirection.H2D):
 
         def bind(fn: Callable[..., None], direction: TransferDirection = direction) -> Any:
-            return lambda: fn(w.paged, w.objects, w.block_ids, device, direction, w.desc,
-                              w.chunk_tokens, w.fmt, 0)  # fmt: skip
+            def call() -> None:
+                fn(w.paged, w.objects, w.block_ids, device, direction, w.desc, w.chunk_tokens,
+                   w.fmt, 0)  # fmt: skip
+                sync()  # an accelerator's copies are asynchronous: time them to the end
+
+            return call
 
         calls = {label: bind(fn) for label, fn in ops.items()}
         seconds = _interleaved_best(calls, args.warmup, args.repeats)
