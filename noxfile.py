@@ -2,7 +2,8 @@
 
 Sessions (``nox -l`` lists them):
 
-* ``build`` -- wheels for lmcache-core and every ``plugins/*`` folder into ``dist/``.
+* ``build`` -- wheels for lmcache-core and every ``plugins/*`` folder into ``dist/``, a
+  wheelhouse (``LMCACHE_WHEELHOUSE``) for plugin repositories outside this checkout.
 * ``tests(core)`` -- lmcache-core wheel + registry test plugins + the conformance suite.
 * ``tests(lmcache-xyz)`` -- one vendor plugin wheel on top: ``lmcache plugin check`` and the
   ``lmcache.testing`` conformance suite for each backend it declares, its own tests, and the
@@ -332,13 +333,15 @@ def _run_conformance(session: nox.Session, plugin_dir: Path) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build every distributable wheel into dist/ (through the wheel cache)."""
+    """Build every distributable wheel into dist/ (through the wheel cache): a wheelhouse
+    for plugin repositories outside this checkout (lmcache-core is on no package index)."""
     DIST.mkdir(exist_ok=True)
     build_deps = _BuildDeps(session)
     for project in [CORE, *PLUGINS]:
         wheel = _cached_wheel(session, project, build_deps)
         shutil.copy2(wheel, DIST / wheel.name)
         session.log(f"dist/{wheel.name}")
+    session.log(f"wheelhouse for plugin repositories: export LMCACHE_WHEELHOUSE={DIST}")
 
 
 # Core tests that never reach the device layer an installed vendor plugin changes: the

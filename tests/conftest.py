@@ -12,9 +12,11 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+from nocore import make_python_without_core
 from small_tmpfs import small_tmpfs  # noqa: F401 (fixture)
 
 # Env vars that steer backend selection; subprocess tests start from a clean slate.
@@ -76,3 +78,23 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 f"lmcache imported from {location}, not from an installed wheel"
             )
+
+
+@pytest.fixture
+def python_without_core(tmp_path: Path) -> Path:
+    """See :func:`nocore.make_python_without_core`; run it with ``nocore.env_without_core``."""
+    return make_python_without_core(tmp_path / "nocore")
+
+
+@pytest.fixture(scope="session")
+def core_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the lmcache-core wheel of the core under test, written by
+    ``lmcache plugin wheelhouse`` (built from a source tree, or packed from the installed
+    wheel under nox), outside the checkout."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmcache.cli.main", "plugin", "wheelhouse", str(folder)],
+        capture_output=True, text=True, timeout=600, env=clean_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return folder

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,10 +24,15 @@ else:  # pragma: no cover - the suite runs on 3.11+
 TEST_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 
-def _write_dist(site: Path, dist: str, entry_points: Mapping[str, str]) -> None:
+def write_dist(
+    site: Path, dist: str, entry_points: Mapping[str, str], requires: Sequence[str] = ()
+) -> None:
+    """A ``*.dist-info`` of ``dist`` 0.0.1 with its ``lmcache.device_plugins`` entry points
+    and ``Requires-Dist`` lines."""
     info = site / f"{dist.replace('-', '_')}-0.0.1.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n")
+    lines = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n{lines}")
     lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
     (info / "entry_points.txt").write_text(f"[lmcache.device_plugins]\n{lines}")
 
@@ -48,7 +53,7 @@ def installed_plugins(tmp_path: Path) -> Callable[..., str]:
         for name in names:
             project = tomllib.loads((TEST_PLUGINS / name / "pyproject.toml").read_text())
             eps = project["project"]["entry-points"]["lmcache.device_plugins"]
-            _write_dist(site, project["project"]["name"], eps)
+            write_dist(site, project["project"]["name"], eps)
             sources.append(TEST_PLUGINS / name / "src")
         return _python_path(site, *sources)
 
@@ -59,11 +64,19 @@ def installed_plugins(tmp_path: Path) -> Callable[..., str]:
 def installed_module(tmp_path: Path) -> Callable[..., str]:
     """Install one inline module as a distribution with the given entry points."""
 
-    def install(module: str, source: str, entry_points: Mapping[str, str]) -> str:
+    def install(
+        module: str, source: str, entry_points: Mapping[str, str], requires: Sequence[str] = ()
+    ) -> str:
         site = tmp_path / "site"
         site.mkdir(exist_ok=True)
         (site / f"{module}.py").write_text(textwrap.dedent(source))
-        _write_dist(site, f"lmcache-inline-{module.replace('_', '-')}", entry_points)
+        write_dist(site, f"lmcache-inline-{module.replace('_', '-')}", entry_points, requires)
         return _python_path(site)
 
     return install
+
+
+@pytest.fixture
+def dist_info() -> Callable[..., None]:
+    """:func:`write_dist`, for a test that lays out its own site folder."""
+    return write_dist

@@ -81,3 +81,59 @@ def test_bad_log_level_in_the_environment(
     monkeypatch.setenv("LMCACHE_LOG_LEVEL", "verbose")
     assert cli_main.main(["server", "--config", str(tmp_path / "x.yaml")]) == 1
     assert capsys.readouterr().err.startswith("lmcache server: error: unknown log level")
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["server", "--no-such-flag"], "lmcache server"),
+        (["plugin", "check", "--no-such-flag"], "lmcache plugin check"),
+        (["bench", "ops", "--no-such-flag"], "lmcache bench ops"),
+    ],
+)
+def test_unknown_flag_is_reported_by_its_command(
+    capsys: pytest.CaptureFixture[str], argv: list[str], prog: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main.main(argv)
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == f"{prog}: error: unrecognized arguments: --no-such-flag\n"
+
+
+@pytest.mark.parametrize("argv", [[], ["bench"]])
+def test_bare_command_prints_help_and_exits_0(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    assert cli_main.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"usage: {' '.join(['lmcache', *argv])} ")
+    assert captured.err == ""
+
+
+def _parsers(
+    parser: argparse.ArgumentParser, path: str
+) -> Iterator[tuple[str, argparse.ArgumentParser, dict[str, str | None]]]:
+    """Every (sub-)command parser with the help its parent lists for each of its children."""
+    children: dict[str, str | None] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            listed = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                children[name] = listed.get(name)
+                yield from _parsers(sub, f"{path} {name}")
+    yield path, parser, children
+
+
+def test_every_command_and_flag_has_help() -> None:
+    missing = []
+    for path, parser, children in _parsers(cli_main.build_parser(), "lmcache"):
+        if not (parser.description or "").strip():
+            missing.append(f"{path}: no description")
+        missing.extend(f"{path} {name}: no help" for name, text in children.items() if not text)
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            # argparse.SUPPRESS hides deprecated spellings on purpose.
+            if not (action.help or "").strip():
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert missing == []

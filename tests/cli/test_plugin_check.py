@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from nocore import write_upstream_metadata
 
 CLI = "import sys\nfrom lmcache.cli.main import main\nsys.exit(main({argv!r}))"
 
@@ -158,3 +160,102 @@ def test_devices_shows_diagnoses_and_device_type_fallback(
     text = _cli(run_python, ["devices"], path, DEVICE_TYPE="nosuchdev").stdout
     assert "DEVICE_TYPE=nosuchdev: no registered backend has that device_type" in text
     assert "Diagnoses:" in text and "halfdriven: problem:" in text
+
+
+SEED_STYLE = """
+    from lmcache.v1.platform.base.device_spec import DeviceSpec
+
+    class SeedSpec(DeviceSpec):
+        device_type = property(lambda self: "seeddev")
+        backend_name = property(lambda self: "seedfoo")
+        torch_module_name = property(lambda self: "seeddev")
+"""
+FIX = 'dependencies = ["lmcache-core>=0.1,<0.2"] instead of "lmcache"'
+
+
+def test_plugin_requiring_upstream_lmcache_is_a_problem_with_the_fix(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    # The seed guide's pyproject: dependencies = ["lmcache"], installed with --no-deps.
+    path = installed_module("seed_style", SEED_STYLE, {"seedfoo": "seed_style:SeedSpec"},
+                            requires=["lmcache"])  # fmt: skip
+    proc = _cli(run_python, ["plugin", "check", "seedfoo"], path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "seedfoo: problem:" in line]
+    assert "lmcache-inline-seed-style 0.0.1 requires 'lmcache'" in line
+    assert "upstream LMCache's distribution, not lmcache-core" in line and FIX in line
+    report = json.loads(_cli(run_python, ["devices", "--json"], path).stdout)
+    assert any(d.startswith("seedfoo: problem:") and FIX in d for d in report["diagnoses"])
+
+
+def test_plugin_requiring_lmcache_core_is_fine(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    path = installed_module("seed_fixed", SEED_STYLE, {"seedfoo": "seed_fixed:SeedSpec"},
+                            requires=["lmcache-core>=0.1,<0.2"])  # fmt: skip
+    proc = _cli(run_python, ["plugin", "check", "seedfoo"], path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(lmcache-inline-seed-fixed 0.0.1): ok" in proc.stdout
+
+
+def test_upstream_installed_beside_the_core_is_a_problem(
+    run_python: Any, installed_plugins: Callable[..., str], tmp_path: Path
+) -> None:
+    path = installed_plugins("good")
+    write_upstream_metadata(tmp_path / "site")  # the folder installed_plugins put first
+    proc = _cli(run_python, ["plugin", "check", "fakegood"], path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("lmcache-core: problem: upstream LMCache's distribution lmcache 0.5.6")
+    assert "pip uninstall -y lmcache lmcache-core" in first
+    report = json.loads(_cli(run_python, ["devices", "--json"], path).stdout)
+    assert any(d.startswith("lmcache-core: problem: upstream") for d in report["diagnoses"])
+
+
+SLOW_SPEC = """
+    import os
+    import time
+    from lmcache.v1.platform import torch_ops
+    from lmcache.v1.platform.cpu import CpuDeviceSpec
+    from lmcache.v1.platform.cpu.device_ops import CpuDeviceOps
+
+    class SlowOps(CpuDeviceOps):
+        def multi_layer_block_kv_transfer(self, *args, **kwargs):
+            time.sleep(0.05)  # a kernel ~20x slower than the baseline at these sizes
+            return torch_ops.multi_layer_block_kv_transfer(*args, **kwargs)
+
+    class Slow(CpuDeviceSpec):
+        backend_name = property(lambda self: "slowcpu")
+        priority = property(lambda self: int(os.environ.get("SLOW_PRIORITY", "100")))
+        ops_cls = property(lambda self: SlowOps)
+"""
+
+
+def test_a_slower_backend_that_takes_over_is_a_warning(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    path = installed_module("slow_cpu", SLOW_SPEC, {"slowcpu": "slow_cpu:Slow"})
+    proc = _cli(run_python, ["plugin", "check", "slowcpu"], path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # a warning, not a problem
+    (line,) = [line for line in proc.stdout.splitlines() if "slowcpu: warning:" in line]
+    assert "selected over cpu (priority 100 > 0) but its multi_layer_block_kv_transfer" in line
+    assert "x (D2H)" in line and "keep its priority below 0" in line
+
+
+def test_below_the_other_backends_it_is_not_measured_unless_asked(
+    run_python: Any, installed_module: Callable[..., str]
+) -> None:
+    path = installed_module("slow_cpu", SLOW_SPEC, {"slowcpu": "slow_cpu:Slow"})
+    proc = _cli(run_python, ["plugin", "check", "slowcpu"], path, SLOW_PRIORITY="-1")
+    assert proc.returncode == 0 and "(lmcache-inline-slow-cpu 0.0.1): ok" in proc.stdout
+    assert "speed:" not in proc.stdout
+    bench = _cli(run_python, ["plugin", "check", "slowcpu", "--bench"], path, SLOW_PRIORITY="-1")
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    lines = bench.stdout.splitlines()
+    assert any(line.strip().startswith("speed: multi_layer_block_kv_transfer") for line in lines)
+    rows = [line.split() for line in lines if line.strip().startswith(("D2H", "H2D"))]
+    assert [row[0] for row in rows] == ["D2H", "H2D"]
+    for row in rows:  # D2H  slowcpu 0.31  torch baseline 9.80  ratio 0.03x
+        assert row[1] == "slowcpu" and row[3:5] == ["torch", "baseline"] and row[6] == "ratio"
+        ratio = float(row[2]) / float(row[5])
+        assert float(row[7].rstrip("x")) == pytest.approx(ratio, rel=0.05, abs=0.011)

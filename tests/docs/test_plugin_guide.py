@@ -1,13 +1,19 @@
 """Every shell command of docs/plugin-guide.md's vendor walk-through runs, in order, in a
-temporary folder: scaffold, build, install (into a fresh venv), check, select, certify,
-demo through a server, and the standalone conformance command.
+temporary folder outside the checkout: scaffold, build, install (into a fresh venv), check
+with its speed, devices, demo through a server on the new backend, the scaffold's own
+``nox -s tests`` against a wheelhouse, and the standalone conformance command.
 
 Deliberate differences from a vendor's shell, all mechanical: the Prerequisites block is
-checked (torch pin, extra name) but not run, since the test environment already has torch
-and lmcache-core and may be offline; for the same reason ``pip wheel`` gets
-``--no-build-isolation``; ``python`` is the fresh venv's interpreter and ``lmcache`` /
-``pytest`` run as ``python -m lmcache.cli.main`` / ``python -m pytest`` (the venv has no
-console scripts of a source checkout).  A guide edit that adds a command this test does not
+checked (torch pin, the wheelhouse variable, extra name) but not run, since the test
+environment already has torch and lmcache-core and may be offline; for the same reason
+``pip wheel`` gets ``--no-build-isolation``; ``python`` is the fresh venv's interpreter and
+``lmcache`` / ``pytest`` run as ``python -m lmcache.cli.main`` / ``python -m pytest`` (the
+venv has no console scripts of a source checkout).  ``nox -s tests`` is the scaffold's
+noxfile unchanged, run with ``-r`` in a venv the test makes first (``.nox/tests``, seeing
+this interpreter's packages *without* any lmcache: torch, pytest, setuptools need no
+index), pip offline (``PIP_NO_INDEX``, no build isolation, no pip configuration):
+lmcache-core can only come from ``LMCACHE_WHEELHOUSE``, a folder holding the wheel
+``lmcache plugin wheelhouse`` wrote.  A guide edit that adds a command this test does not
 know how to run fails it.
 """
 
@@ -22,6 +28,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from nocore import env_without_core, make_python_without_core
 from prerequisites import require_module
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "plugin-guide.md"
@@ -53,8 +60,16 @@ def _venv(tmp: Path) -> Path:
     return python
 
 
-def _argv(command: str, python: Path) -> list[str]:
-    words = shlex.split(command)
+def _assignments(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Leading ``VAR=value`` words (a command's own environment) and the rest."""
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
+
+
+def _argv(words: list[str], python: Path) -> list[str]:
     head, rest = words[0], words[1:]
     if head == "python":
         if rest[:3] == ["-m", "pip", "wheel"]:
@@ -66,7 +81,16 @@ def _argv(command: str, python: Path) -> list[str]:
         # -p: a source checkout has no pytest11 entry point; an installed core does.
         return [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-p",
                 "lmcache.testing.plugin", *rest]  # fmt: skip
-    raise AssertionError(f"the guide has a command this test cannot run: {command!r}")
+    if head == "nox":
+        return [sys.executable, "-m", "nox", "-r", *rest]
+    raise AssertionError(f"the guide has a command this test cannot run: {words!r}")
+
+
+def _nox_env(project: Path, wheelhouse: Path) -> dict[str, str]:
+    """The scaffold's ``nox -s tests`` venv, made in advance without lmcache; pip offline."""
+    make_python_without_core(project / ".nox" / "_deps", venv=project / ".nox" / "tests")
+    return env_without_core({"LMCACHE_WHEELHOUSE": str(wheelhouse), "PIP_NO_BUILD_ISOLATION": "0",
+                             "LMCACHE_TESTING_EXAMPLES": "10"})  # fmt: skip
 
 
 def _env() -> dict[str, str]:
@@ -74,16 +98,18 @@ def _env() -> dict[str, str]:
     return {**env, "LMCACHE_TESTING_EXAMPLES": "10"}
 
 
-def test_prerequisites_block_pins_torch_and_names_the_testing_extra() -> None:
+def test_prerequisites_block_pins_torch_and_takes_the_core_from_the_wheelhouse() -> None:
     (block,) = _bash_blocks("Prerequisites")
     assert block[0].startswith("pip install torch==2.13.0 ")
-    assert block[1] == 'pip install "lmcache-core[testing]"'
+    assert block[1].startswith("export LMCACHE_WHEELHOUSE=")
+    assert block[2] == 'pip install --find-links "$LMCACHE_WHEELHOUSE" "lmcache-core[testing]"'
 
 
 @pytest.mark.scaffold
-@pytest.mark.timeout(1200)  # two conformance runs, a wheel build and a server round trip
-def test_walkthrough_commands_run_in_a_fresh_folder(tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # two conformance runs, two wheel builds and a server round trip
+def test_walkthrough_commands_run_in_a_fresh_folder(tmp_path: Path, core_wheelhouse: Path) -> None:
     require_module("setuptools", "builds the scaffolded wheel")
+    require_module("nox", "runs the scaffold's own nox -s tests")
     # The walk-through, then the standalone certification block of its sub-section.
     walkthrough, certify = _bash_blocks("From nothing to a certified backend")
     assert certify == ["pytest --pyargs lmcache.testing --lmcache-backend acme"]
@@ -93,13 +119,24 @@ def test_walkthrough_commands_run_in_a_fresh_folder(tmp_path: Path) -> None:
         if command.startswith("cd "):
             cwd = cwd / command[3:]
             continue
-        proc = subprocess.run(_argv(command, python), cwd=cwd, env=_env(), capture_output=True,
+        own_env, words = _assignments(shlex.split(command))
+        env = {**_env(), **own_env}
+        if words[0] == "nox":
+            env = {**_nox_env(cwd, core_wheelhouse), **own_env}
+        proc = subprocess.run(_argv(words, python), cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=600)  # fmt: skip
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        outputs[" ".join(command.split()[:2])] = proc.stdout
+        outputs[" ".join(words[:2])] = proc.stdout + proc.stderr
     check = outputs["lmcache plugin"]
     assert "acme = lmcache_acme.device:AcmeDeviceSpec (lmcache-acme 0.1.0): ok" in check
-    assert "Selected: acme (device_type=cpu)" in outputs["lmcache devices"]
+    assert re.search(r"D2H  acme [\d.]+  torch baseline [\d.]+  ratio [\d.]+x", check), check
+    assert "Selected: cpu (device_type=cpu)" in outputs["lmcache devices"]
+    assert re.search(
+        r"acme +device_type=cpu +available=True +priority=-1", outputs["lmcache devices"]
+    )
     assert "[FAIL]" not in outputs["lmcache demo"] and "bit-exact" in outputs["lmcache demo"]
-    assert re.search(r"\b[1-9]\d* passed", outputs["pytest tests"])
+    assert "LMCache device backend 'acme' selected" in outputs["lmcache demo"]
+    nox = outputs["nox -s"]
+    assert f"--find-links {core_wheelhouse}" in nox and "Session tests was successful" in nox
+    assert re.search(r"\b4 passed", nox), nox[-3000:]
     assert re.search(r"\b[1-9]\d* passed", outputs["pytest --pyargs"])

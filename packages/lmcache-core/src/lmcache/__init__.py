@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from lmcache.compat import paths as _compat_paths
+from lmcache.distributions import warn_if_upstream_installed
 
 __version__ = "0.1.0"
 
 # Upstream 0.5.6's import paths and our own moved ones (one table: lmcache.compat.paths).
 _compat_paths.install()
+# Upstream's `lmcache` distribution installs this same package: say so before it bites.
+warn_if_upstream_installed()
 
 
 def __getattr__(name: str) -> Any:

@@ -147,3 +147,13 @@ class RateLimitedErrorLog:
                 left_out,
                 self._limit.interval_s,
             )
+
+
+PLUGIN_LOGGER_PREFIX = "lmcache.plugins"
+
+
+def plugin_logger(module_name: str) -> logging.Logger:
+    """The logger of a plugin module, inside the ``lmcache`` tree
+    (``lmcache.plugins.<module_name>``): ``--log-level``, ``LMCACHE_LOG_LEVEL`` and the
+    handler of :func:`init_logger` apply to it as to the core's own modules."""
+    return logging.getLogger(f"{PLUGIN_LOGGER_PREFIX}.{module_name}")

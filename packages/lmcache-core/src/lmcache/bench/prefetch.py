@@ -66,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="0,20",
         help="comma-separated engine scheduling gaps between lookup and retrieve",
     )
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed runs per gap (median reported)"
+    )
     parser.add_argument("--dir", default=None, help="scratch directory for the disk tier")
     parser.add_argument(
         "--warm-disk", action="store_true", help="leave the chunk files in the page cache"

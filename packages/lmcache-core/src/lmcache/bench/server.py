@@ -61,12 +61,12 @@ class Row:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-layers", type=int, default=8)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--head-size", type=int, default=64)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-layers", type=int, default=8, help="KV layers of the model")
+    parser.add_argument("--num-heads", type=int, default=4, help="KV heads per layer")
+    parser.add_argument("--head-size", type=int, default=64, help="elements per head")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per paged block")
     parser.add_argument("--chunk-size", type=int, default=256, help="tokens per chunk")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="KV element type")
     parser.add_argument("--chunks", type=int, default=8, help="chunks per request")
     parser.add_argument("--iters", type=int, default=4, help="timed requests per worker")
     parser.add_argument(
@@ -81,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=["engine-shm", "engine-inline", "lmcache-driven"],
         default=["engine-shm", "engine-inline", "lmcache-driven"],
+        help="transfer paths to measure (default: all three)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument(

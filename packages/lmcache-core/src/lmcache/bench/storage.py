@@ -58,19 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="redis:// URL of a running server; default: start a private redis-server",
     )
     parser.add_argument("--cluster", action="store_true", help="--url is a Redis Cluster node")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--chunk-tokens", type=int, default=256)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--layers", type=int, default=32, help="KV layers per chunk")
+    parser.add_argument("--kv-heads", type=int, default=8, help="KV heads per layer")
+    parser.add_argument("--head-dim", type=int, default=128, help="elements per head")
+    parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per chunk")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="KV element type")
     parser.add_argument("--chunks", type=int, default=8, help="chunks per put/get call")
     parser.add_argument("--lookup-keys", type=int, default=64, help="keys per prefix lookup")
     parser.add_argument(
         "--num-keys", type=int, default=1_000_000, help="stored keys for the cpu/disk lookup"
     )
     parser.add_argument("--dir", default=None, help="scratch directory for the disk tier")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for smoke tests")
     add_output_arguments(parser)
 

@@ -5,8 +5,10 @@ Sub-commands live one per module in :mod:`lmcache.cli.commands`; each module exp
 parser default.  Discovering them keeps this file closed to edits when a command is added.
 
 Every failure ends the same way: one line ``lmcache <command>: error: <message>`` on
-stderr and exit status 1 (bad flags included); the traceback is logged only at
-``--log-level DEBUG``.  Ctrl-C exits 130 without a traceback.
+stderr and exit status 1 (bad and unknown flags included, named by the command they were
+given to); the traceback is logged only at ``--log-level DEBUG``.  Ctrl-C exits 130
+without a traceback.  A bare ``lmcache`` (or ``lmcache bench``) asks for the command list:
+it prints the help on stdout and exits 0, as ``--help`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lmcache.v1.multiprocess.server_config import log_level
 
 logger = logging.getLogger(__name__)
 
+EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 _PROG_ATTR = "_command_prog"
@@ -95,10 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     prog = getattr(args, _PROG_ATTR, parser.prog)
+    if unknown:
+        # argparse would report these under the top-level "lmcache:" prefix, whichever
+        # command they were given to.
+        sys.stderr.write(f"{prog}: error: unrecognized arguments: {' '.join(unknown)}\n")
+        raise SystemExit(EXIT_ERROR)
     try:
         init_logger(args.log_level)
     except ValueError as exc:  # a bad LMCACHE_LOG_LEVEL in the environment
@@ -106,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return 2
+        return EXIT_OK
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt:

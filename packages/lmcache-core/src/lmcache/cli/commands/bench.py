@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
 
 def _missing_benchmark(parser: argparse.ArgumentParser) -> Any:
     def run(_args: argparse.Namespace) -> int:
-        parser.print_help()
-        return 2
+        parser.print_help()  # a bare `lmcache bench` lists the benchmarks, like `lmcache`
+        return 0
 
     return run

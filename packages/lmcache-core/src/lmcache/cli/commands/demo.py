@@ -47,8 +47,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--start-server", action="store_true", help="launch `lmcache server` for the demo"
     )
-    parser.add_argument("--layers", type=positive_int, default=4)
-    parser.add_argument("--tokens", type=positive_int, default=1000)
+    parser.add_argument(
+        "--layers", type=positive_int, default=4, help="KV layers of the demo cache"
+    )
+    parser.add_argument(
+        "--tokens", type=positive_int, default=1000, help="tokens stored and retrieved"
+    )
     parser.set_defaults(func=run)
 
 

@@ -12,10 +12,12 @@ version = "0.1.0"
 description = "LMCache device plugin $name (device type $device_type)."
 requires-python = ">=3.10"
 # The plugin interface (DeviceSpec, DeviceOps, the kernel kit) is pinned by this range.
-dependencies = ["lmcache-core>=0.1,<0.2"]
+# lmcache-core, not "lmcache": on a package index that name is upstream LMCache, whose
+# install would replace this core's files.
+dependencies = ["$core_requirement"]
 
 [project.optional-dependencies]
-test = ["lmcache-core[testing]>=0.1,<0.2"]
+test = ["$core_testing_requirement"]
 
 [project.entry-points."lmcache.device_plugins"]
 $name = "$pkg.device:${cls}DeviceSpec"
@@ -34,10 +36,12 @@ version = "0.1.0"
 description = "LMCache device plugin $name (device type $device_type), native kernels."
 requires-python = ">=3.10"
 # The plugin interface (DeviceSpec, DeviceOps, the kernel kit) is pinned by this range.
-dependencies = ["lmcache-core>=0.1,<0.2"]
+# lmcache-core, not "lmcache": on a package index that name is upstream LMCache, whose
+# install would replace this core's files.
+dependencies = ["$core_requirement"]
 
 [project.optional-dependencies]
-test = ["lmcache-core[testing]>=0.1,<0.2"]
+test = ["$core_testing_requirement"]
 
 [project.entry-points."lmcache.device_plugins"]
 $name = "$pkg.device:${cls}DeviceSpec"
@@ -100,23 +104,59 @@ NB_MODULE(_native, m) {
 }
 """
 
-NOXFILE = '''"""Build the wheel, install it next to lmcache-core and run the conformance suite."""
+NOXFILE = '''"""Build the wheel, install it next to lmcache-core and run the conformance suite.
+
+lmcache-core is not on a package index: ``$wheelhouse_var`` names a folder (or the URL of a
+page listing wheels) holding its wheel; ``lmcache plugin wheelhouse DIR`` writes one, and
+so does ``nox -s build`` in an lmcache checkout (into dist/).  Everything else (torch,
+pytest, ...) comes from the package indexes as usual.
+"""
+
+import os
+from pathlib import Path
 
 import nox
 
-TORCH = "torch==2.13.0"  # CPU wheels: --index-url https://download.pytorch.org/whl/cpu
+TORCH = "torch==2.13.0"  # CPU wheels
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+WHEELHOUSE_VAR = "$wheelhouse_var"
+
+
+def wheelhouse(session: nox.Session) -> str:
+    """The folder or URL to find lmcache-core in; fails before anything is installed."""
+    value = os.environ.get(WHEELHOUSE_VAR, "").strip()
+    if not value:
+        session.error(
+            f"{WHEELHOUSE_VAR} is not set: point it at a folder holding the lmcache-core wheel "
+            "(lmcache plugin wheelhouse DIR writes one); lmcache-core is not on a package index"
+        )
+    if "://" in value:
+        return value
+    folder = Path(value).expanduser().resolve()
+    if not any(folder.glob("lmcache_core-*.whl")):
+        session.error(
+            f"{WHEELHOUSE_VAR}={value} holds no lmcache_core-*.whl "
+            "(lmcache plugin wheelhouse DIR writes one)"
+        )
+    return str(folder)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install(TORCH, "--index-url", "https://download.pytorch.org/whl/cpu")
-    session.install(".[test]")
-    session.run("lmcache", "plugin", "check", "$name")
-    session.run("pytest", "tests", "-q")
+    find_links = wheelhouse(session)
+    session.install(TORCH, "--index-url", TORCH_INDEX)
+    session.install("--find-links", find_links, ".[test]")
+    session.run("lmcache", "plugin", "check", "$name", "--bench")
+    session.run("python", "-m", "pytest", "tests", "-q")
 '''
 
 CI = """name: ci
 on: [push, pull_request]
+env:
+  # lmcache-core is not on a package index: a folder (or the URL of a page listing wheels)
+  # holding its wheel. Commit one under wheelhouse/ (lmcache plugin wheelhouse wheelhouse),
+  # or fetch it into that folder in a step before nox.
+  $wheelhouse_var: $${{ github.workspace }}/wheelhouse
 jobs:
   tests:
     runs-on: ubuntu-latest
@@ -136,10 +176,17 @@ LMCache device plugin: backend `$name`, device type `$device_type`
 
     python -m pip wheel --no-deps -w dist .      # build (needs $build_needs)
     python -m pip install dist/*.whl             # install next to lmcache-core
-    lmcache plugin check $name                   # one line per problem, exit 1 on any
+    lmcache plugin check $name --bench           # problems, and speed against the baseline
     lmcache devices                              # is it discovered, available, selected?
     pytest tests                                 # the conformance suite (lmcache.testing)
-    nox -s tests                                 # the same, in a fresh environment
+    export $wheelhouse_var=/path/to/wheelhouse   # holds the lmcache-core wheel
+    nox -s tests                                 # the same, in a fresh environment (and CI)
+
+lmcache-core is not on a package index: `nox -s tests` and `.github/workflows/ci.yml`
+take its wheel from the folder (or URL) in `$wheelhouse_var`; `lmcache plugin wheelhouse
+DIR` writes one from the installed core.  Priority $priority keeps this backend below the
+other backends of device type `$device_type`; select it with
+`LMCACHE_DEVICE_BACKEND=$name`, and raise the priority once `--bench` shows it is faster.
 
 `$pkg/device.py` is the entry-point target (keep it cheap to import),
 `$pkg/device_ops.py` binds `$pkg.native_ops` fail-soft (`$disable_var=1` keeps the

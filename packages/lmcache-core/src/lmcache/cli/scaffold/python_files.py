@@ -24,8 +24,14 @@ if TYPE_CHECKING:
 
 
 class ${cls}DeviceSpec(CpuDeviceSpec):
-    """Host memory with this plugin's kernels; priority $priority outranks the in-tree
-    ``cpu`` (0) and ``cpu_native`` (10), so it is selected without any variable."""
+    """Host memory with this plugin's kernels.
+
+    The highest priority among available backends of a device type is selected (the
+    in-tree ``cpu`` has 0, lmcache-cpu's ``cpu_native`` 10).  Below them this backend runs
+    only where it is asked for (``LMCACHE_DEVICE_BACKEND=$name``, the conformance suite's
+    ``--lmcache-backend $name``); set a priority above theirs only once ``lmcache plugin
+    check $name --bench`` shows its kernels beat theirs.
+    """
 
     @property
     def backend_name(self) -> str:
@@ -76,7 +82,10 @@ class ${cls}DeviceSpec(DeviceSpec):
 
     @property
     def priority(self) -> int:
-        return $priority  # raise it to win over another available backend of this type
+        # The highest priority among available backends of a device type is selected:
+        # raise it above another backend of this type only once your kernels beat its
+        # (lmcache plugin check $name --bench).
+        return $priority
 
     @property
     def ops_cls(self) -> type[DeviceOps]:
@@ -99,17 +108,21 @@ DEVICE_OPS = '''"""``${cls}DeviceOps``: binds ``$pkg.native_ops`` fail-soft (els
 
 from __future__ import annotations
 
-import logging
 from typing import ClassVar
 
+from lmcache.logging import plugin_logger
 from lmcache.v1.platform.kernel_kit.native_loader import NativeDeviceOps, NativeModuleLoader
+
+# Inside the lmcache logger tree (lmcache.plugins.$pkg...): --log-level, LMCACHE_LOG_LEVEL
+# and LMCache's log format apply to this plugin's messages too.
+logger = plugin_logger(__name__)
 
 load_native_ops = NativeModuleLoader(
     "$pkg.native_ops",
     disable_env_var="$disable_var",
     ops_name="${cls}DeviceOps",
     label="$pkg",
-    logger=logging.getLogger(__name__),
+    logger=logger,
 )
 
 
@@ -267,26 +280,47 @@ def test_plugin_check_is_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 '''
 
-TEST_SELECTED = '''"""Where the device is present, installing the wheel selects this backend."""
+TEST_SELECTED = '''"""Where the device is present: asking for this backend selects it, and without a
+variable its priority decides against the other available backends of its type."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
+_SELECTION_VARS = ("DEVICE_TYPE", "LMCACHE_DEVICE_BACKEND")
 
-def test_selected_without_any_variable() -> None:
+
+def _devices(**env: str) -> dict[str, Any]:
     from $pkg.device import ${cls}DeviceSpec
 
     if not ${cls}DeviceSpec().is_available():
         pytest.skip("device $device_type is not present on this host")
+    clean = {k: v for k, v in os.environ.items() if k not in _SELECTION_VARS}
     proc = subprocess.run(
         [sys.executable, "-m", "lmcache.cli.main", "devices", "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env={**clean, **env},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["selected"]["backend_name"] == "$name"
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
+
+
+def test_selected_when_asked_for() -> None:
+    report = _devices(LMCACHE_DEVICE_BACKEND="$name")
+    assert report["selected"]["backend_name"] == "$name"
+
+
+def test_priority_decides_without_a_variable() -> None:
+    report = _devices()
+    mine = next(b for b in report["backends"] if b["backend_name"] == "$name")
+    others = [b["priority"] for b in report["backends"] if b["backend_name"] != "$name"
+              and b["device_type"] == "$device_type" and b["available"]]  # fmt: skip
+    wins = not others or mine["priority"] > max(others)
+    assert (report["selected"]["backend_name"] == "$name") == wins, report["selected"]
 '''

@@ -82,7 +82,12 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="Forget a worker (and release its shared memory) after this long without "
         "contact; 0 disables.",
     )
-    group.add_argument("--session-ttl-seconds", type=positive_float, default=600.0)
+    group.add_argument(
+        "--session-ttl-seconds",
+        type=positive_float,
+        default=600.0,
+        help="Unpin the chunks of a lookup never followed by a retrieve after this long.",
+    )
     group.add_argument(
         "--pending-transfer-timeout-seconds",
         type=positive_float,

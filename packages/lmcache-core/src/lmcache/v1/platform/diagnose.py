@@ -5,12 +5,15 @@ Discovery is never re-implemented here: the registry's own records (registered b
 with their source, ``DeviceRegistry.skipped`` with the reason) are the input, and this
 module adds the checks the registry does not need to make to work (``is_available()``
 raising, an ops class of another device type, a transfer mode declared without what it
-needs, priority ties, import cost).
+needs, priority ties, import cost, a plugin distribution that requires upstream's
+``lmcache`` distribution instead of lmcache-core, upstream's distribution installed over
+or beside this core).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -18,6 +21,11 @@ import sys
 import textwrap
 from collections.abc import Iterable, Mapping
 
+from lmcache.distributions import (
+    CORE_DISTRIBUTION,
+    upstream_conflict,
+    upstream_requirement_problem,
+)
 from lmcache.v1.platform.base.device_spec import DeviceSpec
 from lmcache.v1.platform.registry import (
     DEVICE_BACKEND_ENV_VAR,
@@ -174,12 +182,36 @@ def check_priority_ties(registry: DeviceRegistry, backend: RegisteredBackend) ->
     return [Diagnosis(backend.backend_name, WARNING, message)]
 
 
+def check_requires_upstream(
+    name: str, dist: importlib.metadata.Distribution | None
+) -> list[Diagnosis]:
+    """A plugin whose metadata requires ``lmcache`` (upstream) instead of lmcache-core."""
+    problem = upstream_requirement_problem(dist) if dist is not None else None
+    return [Diagnosis(name, PROBLEM, problem)] if problem else []
+
+
+def _distribution(backend: RegisteredBackend) -> importlib.metadata.Distribution | None:
+    if backend.source.distribution is None:
+        return None
+    try:
+        return importlib.metadata.distribution(backend.source.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_upstream_installed() -> list[Diagnosis]:
+    """Upstream's ``lmcache`` distribution installed over or beside this core."""
+    conflict = upstream_conflict()
+    return [Diagnosis(CORE_DISTRIBUTION, PROBLEM, conflict)] if conflict else []
+
+
 def diagnose_backend(registry: DeviceRegistry, backend: RegisteredBackend) -> list[Diagnosis]:
     return (
         check_availability(backend)
         + check_ops_device_type(backend)
         + check_transfer_modes(backend)
         + check_priority_ties(registry, backend)
+        + check_requires_upstream(backend.backend_name, _distribution(backend))
     )
 
 
@@ -199,9 +231,10 @@ def diagnose_skipped(
 def diagnose_registry(
     registry: DeviceRegistry, names: Iterable[str] | None = None, entry_points_only: bool = False
 ) -> list[Diagnosis]:
-    """Every diagnosis for the named backends (default: all)."""
+    """Every diagnosis for the named backends (default: all, and the installation's own)."""
     wanted = None if names is None else set(names)
-    found = diagnose_skipped(registry, wanted)
+    found = check_upstream_installed() if wanted is None else []
+    found.extend(diagnose_skipped(registry, wanted))
     for backend in registry.backends.values():
         if wanted is not None and backend.backend_name not in wanted:
             continue
