@@ -159,17 +159,10 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
     """The config the flags describe (``ValueError`` for a bad ``--server-module``)."""
     product = _product.config_from_args(args)
     fields = {f.name: getattr(product, f.name) for f in dataclasses.fields(product)}
-    return MPServerConfig(
-        **fields,
-        transport=getattr(args, "transport", "zmq"),
-        grpc_server_workers=getattr(args, "grpc_server_workers", 32),
-        null_block_id=getattr(args, "null_block_id", 0),
-        engine_type=getattr(args, "engine_type", "default"),
-        isolated_ipc=bool(getattr(args, "isolated_ipc", False)),
-        server_modules=parse_server_module_specs(getattr(args, "server_module", [])),
-        # the --p2p-* flags belong to another group; a parser without them gets defaults
-        p2p_config=parse_args_to_p2p_config(args),
-    )
+    upstream = UpstreamSettings.from_args(args, with_coordinator=False)
+    extra = {f.name: getattr(upstream, f.name) for f in dataclasses.fields(upstream)}
+    del extra["coordinator"]  # upstream keeps it in CoordinatorConfig, not here
+    return MPServerConfig(**fields, **extra)
 
 
 def parse_args_to_mp_server_config(args: argparse.Namespace) -> MPServerConfig:

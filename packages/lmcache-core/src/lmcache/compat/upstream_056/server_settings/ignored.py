@@ -39,8 +39,9 @@ class UpstreamSettings:
     coordinator: CoordinatorConfig | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> UpstreamSettings:
-        """``ValueError`` for a bad ``--server-module`` or coordinator value."""
+    def from_args(cls, args: argparse.Namespace, with_coordinator: bool = True) -> UpstreamSettings:
+        """``ValueError`` for a bad ``--server-module`` or coordinator value; the
+        coordinator settings only with ``with_coordinator`` and its flags parsed."""
         return cls(
             transport=getattr(args, "transport", "zmq"),
             grpc_server_workers=getattr(args, "grpc_server_workers", 32),
