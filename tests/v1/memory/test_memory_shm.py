@@ -58,14 +58,14 @@ def test_auto_named_allocator_segment_is_not_a_kv_segment() -> None:
     assert not _exists(allocator.shm_name)
 
 
-@pytest.mark.parametrize("failing", ["ftruncate", "from_file"])
+@pytest.mark.parametrize("failing", ["posix_fallocate", "from_file"])
 def test_failed_allocator_segment_is_unlinked(
     failing: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def boom(*_args: object, **_kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    target = os if failing == "ftruncate" else torch
+    target = os if failing == "posix_fallocate" else torch
     monkeypatch.setattr(target, failing, boom)
     name = _fresh_name()
     with pytest.raises(OSError, match="No space left"):
