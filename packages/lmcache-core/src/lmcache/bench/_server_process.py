@@ -27,7 +27,7 @@ def start_server(
     cmd = [
         sys.executable, "-m", "lmcache.cli.main", "server", "--port", str(port),
         "--supported-transfer-mode", "auto", "--chunk-size", str(args.chunk_size),
-        "--l1-size-gb", f"{l1_gb:.4f}", "--max-message-mb", "2048",
+        "--l1-size-gb", f"{l1_gb:.4f}", "--max-message-mb", "2048", "--max-inflight-mb", "4096",
         "--http-port", "0", "--prometheus-port", "0", *extra,
     ]  # fmt: skip
     env = dict(os.environ, LMCACHE_LOG_LEVEL="WARNING")
