@@ -69,7 +69,7 @@ def test_a_real_server_refuses_run_script_beyond_loopback_without_a_token(
     )  # fmt: skip
     assert status is not None, f"the server started instead of refusing:\n{output}"
     assert status != 0, output
-    errors = [line for line in output.splitlines() if "error:" in line]
+    errors = [line for line in output.splitlines() if line.startswith("lmcache server: error:")]
     assert len(errors) == 1, output
     (line,) = errors
     assert line.startswith("lmcache server: error: --run-script-api-enabled on --http-host")
