@@ -1,7 +1,8 @@
 """Prints the chunk hashes upstream's ``TokenHasher`` and ours compute, as one JSON
 result line.  Runs inside an upstream venv: ``theirs`` is the installed upstream
-``lmcache.v1.multiprocess.token_hasher``; ``ours`` is our ``token_hasher.py`` loaded from
-the file given by ``--ours`` under another module name (it needs only the standard
+``lmcache.v1.multiprocess.token_hasher``; ``ours`` is our ``token_hasher.py`` (in
+``lmcache/compat/upstream_056/``) loaded from the file given by ``--ours`` under another
+module name (it needs only the standard
 library, NumPy and, as upstream's, ``blake3`` / vLLM), so both run in one process and
 vLLM is imported once."""
 

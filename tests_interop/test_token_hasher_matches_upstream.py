@@ -24,8 +24,8 @@ OUR_HASHER = (
     / "lmcache-core"
     / "src"
     / "lmcache"
-    / "v1"
-    / "multiprocess"
+    / "compat"
+    / "upstream_056"
     / "token_hasher.py"
 )
 SEEDS = ("unset", "0", "1234")
