@@ -20,7 +20,12 @@ from collections.abc import Callable
 
 from lmcache.bench.ops import bench_arguments, compare_block_transfer, torch_threads
 from lmcache.v1.platform import torch_ops
-from lmcache.v1.platform.diagnose import WARNING, Diagnosis
+from lmcache.v1.platform.diagnose import (
+    WARNING,
+    Diagnosis,
+    declared_priority,
+    reports_available,
+)
 from lmcache.v1.platform.registry import DeviceRegistry, RegisteredBackend
 
 BASELINE = "torch baseline"
@@ -56,34 +61,19 @@ class SpeedReport:
         return [header, *rows]
 
 
-def _available(backend: RegisteredBackend) -> bool:
-    try:
-        return backend.spec.is_available() is True
-    except Exception:
-        return False
-
-
-def _priority(backend: RegisteredBackend) -> int | None:
-    try:
-        value = backend.spec.priority
-    except Exception:
-        return None
-    return value if isinstance(value, int) else None
-
-
 def displaced_backend(
     registry: DeviceRegistry, backend: RegisteredBackend
 ) -> RegisteredBackend | None:
     """The backend auto-selection picks for this device type without ``backend``, when
     ``backend`` outranks it (None: nothing is displaced)."""
-    mine = _priority(backend)
-    if mine is None or not _available(backend):
+    mine = declared_priority(backend)
+    if mine is None or not reports_available(backend):
         return None
     others = [
         (priority, other)
         for other in registry.by_device_type().get(backend.device_type, [])
-        if other is not backend and _available(other)
-        and (priority := _priority(other)) is not None
+        if other is not backend and reports_available(other)
+        and (priority := declared_priority(other)) is not None
     ]  # fmt: skip
     if not others:
         return None
@@ -149,9 +139,9 @@ def slower_than_replaced(
         Diagnosis(
             backend.backend_name,
             WARNING,
-            f"selected over {replaced.backend_name} (priority {_priority(backend)} > "
-            f"{_priority(replaced)}) but its {OP} runs at {shown} of {what}: installing it "
-            f"makes the server slower; keep its priority below {_priority(replaced)} "
+            f"selected over {replaced.backend_name} (priority {declared_priority(backend)} > "
+            f"{declared_priority(replaced)}) but its {OP} runs at {shown} of {what}: installing it "
+            f"makes the server slower; keep its priority below {declared_priority(replaced)} "
             f"(lmcache plugin new's default) until its kernels are faster",
         )
     ]
@@ -162,7 +152,7 @@ def check_speed(
 ) -> tuple[list[Diagnosis], SpeedReport | None]:
     """Measure when asked (``always``) or when the backend displaces another one."""
     replaced = displaced_backend(registry, backend)
-    if not _available(backend) or (replaced is None and not always):
+    if not reports_available(backend) or (replaced is None and not always):
         return [], None
     report = measure(backend, replaced)
     found = slower_than_replaced(report, backend, replaced) if replaced is not None else []

@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 from collections.abc import Iterable
 
+from lmcache.v1.platform.diagnose import declared_priority
 from lmcache.v1.platform.registry import DEVICE_PLUGIN_ENTRY_POINT_GROUP, get_registry
 
 # This project's backends, whether or not their wheels are installed here.
@@ -90,11 +91,9 @@ def _priorities(device_type: str) -> Iterable[int]:
     yield from FIRST_PARTY_PRIORITIES.get(device_type, ())
     for backend in get_registry().backends.values():
         if backend.device_type == device_type:
-            try:
-                priority = backend.spec.priority
-            except Exception:  # a broken plugin says nothing about ranks
-                continue
-            if isinstance(priority, int):
+            # a broken plugin (None) says nothing about ranks
+            priority = declared_priority(backend)
+            if priority is not None:
                 yield priority
 
 

@@ -144,26 +144,32 @@ def check_transfer_modes(backend: RegisteredBackend) -> list[Diagnosis]:
     ]
 
 
-def _priority(backend: RegisteredBackend) -> int | None:
+def declared_priority(backend: RegisteredBackend) -> int | None:
+    """The backend's ``priority`` when it is an int (None when reading it fails or it is not)."""
     value, error = _call(lambda: backend.spec.priority)
     return value if error is None and isinstance(value, int) else None
+
+
+def reports_available(backend: RegisteredBackend) -> bool:
+    """Whether ``is_available()`` returns True (False when it raises or returns anything else)."""
+    return _call(backend.spec.is_available)[0] is True
 
 
 def check_priority_ties(registry: DeviceRegistry, backend: RegisteredBackend) -> list[Diagnosis]:
     """Another backend of the same device type with the same priority: auto-selection
     fails with an error when both are available on one host."""
-    mine = _priority(backend)
+    mine = declared_priority(backend)
     tied = [
         other
         for other in registry.backends.values()
         if other is not backend
         and other.device_type == backend.device_type
-        and _priority(other) == mine
+        and declared_priority(other) == mine
     ]
     if not tied:
         return []
-    available = _call(backend.spec.is_available)[0] is True
-    both = [o for o in tied if _call(o.spec.is_available)[0] is True]
+    available = reports_available(backend)
+    both = [o for o in tied if reports_available(o)]
     names = ", ".join(o.backend_name for o in tied)
     advice = (
         f"raise this backend's priority above theirs, or users must set "
