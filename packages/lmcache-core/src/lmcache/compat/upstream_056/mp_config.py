@@ -119,6 +119,13 @@ __all__ = [
 ]
 
 
+# Upstream's server settings that are MPServerConfig fields there (its coordinator settings
+# are a CoordinatorConfig of their own).
+_UPSTREAM_FIELDS = tuple(
+    f.name for f in dataclasses.fields(UpstreamSettings) if f.name != "coordinator"
+)
+
+
 @dataclasses.dataclass
 class MPServerConfig(_product.MPServerConfig):
     """lmcache-core's config plus upstream's settings for features this server lacks."""
@@ -137,15 +144,7 @@ class MPServerConfig(_product.MPServerConfig):
         return self
 
     def upstream_settings(self) -> UpstreamSettings:
-        return UpstreamSettings(
-            transport=self.transport,
-            grpc_server_workers=self.grpc_server_workers,
-            null_block_id=self.null_block_id,
-            engine_type=self.engine_type,
-            isolated_ipc=self.isolated_ipc,
-            server_modules=list(self.server_modules),
-            p2p_config=self.p2p_config,
-        )
+        return UpstreamSettings(**{name: getattr(self, name) for name in _UPSTREAM_FIELDS})
 
 
 def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -160,9 +159,7 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
     product = _product.config_from_args(args)
     fields = {f.name: getattr(product, f.name) for f in dataclasses.fields(product)}
     upstream = UpstreamSettings.from_args(args, with_coordinator=False)
-    extra = {f.name: getattr(upstream, f.name) for f in dataclasses.fields(upstream)}
-    del extra["coordinator"]  # upstream keeps it in CoordinatorConfig, not here
-    return MPServerConfig(**fields, **extra)
+    return MPServerConfig(**fields, **{name: getattr(upstream, name) for name in _UPSTREAM_FIELDS})
 
 
 def parse_args_to_mp_server_config(args: argparse.Namespace) -> MPServerConfig:
