@@ -49,11 +49,11 @@ def test_upstream_beside_an_installed_core_is_a_conflict(
     site = tmp_path / "site"
     write_upstream_metadata(site, owns_package=False)
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(distributions, "_version", lambda name: "0.1.0")
+    monkeypatch.setattr(distributions, "installed_version", lambda name: "0.1.0")
     conflict = distributions.upstream_conflict()
     assert conflict is not None and "is installed beside lmcache-core 0.1.0" in conflict
     # Neither owning the package nor beside an installed core: nothing to say.
-    monkeypatch.setattr(distributions, "_version", lambda name: None)
+    monkeypatch.setattr(distributions, "installed_version", lambda name: None)
     assert distributions.upstream_conflict() is None
 
 

@@ -95,7 +95,8 @@ def _upstream_metadata_present() -> bool:
     return False
 
 
-def _version(name: str) -> str | None:
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (None when it is not installed)."""
     import importlib.metadata
 
     try:
@@ -116,7 +117,7 @@ def upstream_conflict() -> str | None:
     except importlib.metadata.PackageNotFoundError:
         return None
     owns_package = any(str(f).replace("\\", "/") == _PACKAGE_INIT for f in upstream.files or [])
-    core_version = _version(CORE_DISTRIBUTION)
+    core_version = installed_version(CORE_DISTRIBUTION)
     if not owns_package and core_version is None:
         return None
     beside = f" beside {CORE_DISTRIBUTION} {core_version}" if core_version else ""

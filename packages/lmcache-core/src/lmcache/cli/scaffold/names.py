@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 from collections.abc import Iterable
 
+from lmcache.distributions import installed_version
 from lmcache.v1.platform.diagnose import declared_priority
 from lmcache.v1.platform.registry import DEVICE_PLUGIN_ENTRY_POINT_GROUP, get_registry
 
@@ -38,13 +39,6 @@ def distribution_name(name: str) -> str:
     return f"lmcache-{name.replace('_', '-')}"
 
 
-def _installed_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _registered(name: str) -> list[str]:
     backend = get_registry().backends.get(name)
     if backend is None or name in FIRST_PARTY_BACKENDS:
@@ -66,7 +60,7 @@ def name_conflicts(name: str) -> list[str]:
     dist = distribution_name(name)
     if dist in FIRST_PARTY_DISTRIBUTIONS:
         reasons.append(f"{dist} is {FIRST_PARTY_DISTRIBUTIONS[dist]}")
-    elif (version := _installed_version(dist)) is not None:
+    elif (version := installed_version(dist)) is not None:
         reasons.append(f"the distribution {dist} {version} is installed")
     reasons.extend(_registered(name))
     if not reasons:
