@@ -86,21 +86,27 @@ _TURNS = textwrap.dedent(
     logging.getLogger(shm.__name__).addHandler(Collect())
 
     def reserve_in_thread():
-        done = threading.Event()
-        target = lambda: (shm.create_segment(4096), done.set())  # noqa: E731
-        threading.Thread(target=target, daemon=True).start()  # a stuck one cannot hold exit
-        return done
+        # Daemon so a stuck one cannot hold exit; joined (not just signalled) before exit,
+        # because a thread still inside torch at interpreter teardown aborts the process.
+        target = lambda: shm.unlink_segment(shm.create_segment(4096)[0])  # noqa: E731
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        return thread
+
+    def finished(thread, timeout):
+        thread.join(timeout)
+        return not thread.is_alive()
 
     other = os.open(shm.SHM_DIR, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(other, fcntl.LOCK_EX)  # another reservation under way
-    done = reserve_in_thread()
-    waited = not done.wait(1.0)
+    first = reserve_in_thread()
+    waited = not finished(first, 1.0)
     fcntl.flock(other, fcntl.LOCK_UN)
-    finished_after_turn = done.wait(30)
+    finished_after_turn = finished(first, 30)
 
     shm.RESERVE_LOCK_WAIT_S = 0.2
     fcntl.flock(other, fcntl.LOCK_EX)  # held on and on (a stopped process)
-    finished_alone = reserve_in_thread().wait(30)
+    finished_alone = finished(reserve_in_thread(), 30)
     print(json.dumps({"waited": waited, "finished_after_turn": finished_after_turn,
                       "finished_alone": finished_alone, "warnings": warnings}))
     """
