@@ -42,8 +42,8 @@ from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend
 from lmcache.v1.platform.cache_context import DeviceSpecLookup
 from lmcache.v1.platform.transfer_mode import MPTransferMode
-from lmcache.v1.storage_backend.cache_salt import configs_with_salt
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
+from lmcache.v1.storage_backend.cache_salt import configs_with_salt
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 if TYPE_CHECKING:
