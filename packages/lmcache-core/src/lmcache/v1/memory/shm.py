@@ -13,7 +13,13 @@ import uuid
 
 import torch
 
-from lmcache.v1.platform.cpu.shm import SHM_DIR, create_segment, map_segment, unlink_segment
+from lmcache.v1.platform.cpu.shm import (
+    SHM_DIR,
+    create_segment,
+    map_segment,
+    reserve_segment_range,
+    unlink_segment,
+)
 
 __all__ = [
     "SHM_DIR",
@@ -21,6 +27,7 @@ __all__ = [
     "create_host_segment",
     "new_host_segment_name",
     "release_host_segment",
+    "reserve_host_segment_range",
 ]
 
 
@@ -29,13 +36,22 @@ def new_host_segment_name() -> str:
     return f"lmcache_{os.getpid()}_{uuid.uuid4().hex[:12]}"
 
 
-def create_host_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch.Tensor]:
-    """(name, flat uint8 tensor) of a new segment of ``nbytes`` for an allocator buffer.
+def create_host_segment(
+    nbytes: int, shm_name: str | None = None, reserve: int | None = None
+) -> tuple[str, torch.Tensor]:
+    """(name, flat uint8 tensor) of a new segment of ``nbytes`` for an allocator buffer;
+    only the first ``reserve`` bytes are reserved when given (a lazy allocator reserves
+    the rest with :func:`reserve_host_segment_range` as it grows).
 
     torch maps the file itself (MAP_SHARED); no Python buffer export pins the mapping, so
     :func:`release_host_segment` can unlink while views are still alive.
     """
-    return create_segment(nbytes, shm_name or new_host_segment_name())
+    return create_segment(nbytes, shm_name or new_host_segment_name(), reserve=reserve)
+
+
+def reserve_host_segment_range(shm_name: str, offset: int, nbytes: int) -> None:
+    """Reserve more of an allocator's segment before it is used."""
+    reserve_segment_range(shm_name, offset, nbytes)
 
 
 def attach_shared_buffer(shm_name: str, size: int) -> torch.Tensor:

@@ -66,6 +66,22 @@ def non_negative_float(text: str) -> float:
     return float(value)
 
 
+def unit_fraction(text: str) -> float:
+    """A fraction in (0, 1] (a watermark or a ratio of L1)."""
+    value = _number(text, float, "a number")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} must be in (0, 1]")
+    return float(value)
+
+
+def power_of_two(text: str) -> int:
+    """A positive power of two (an alignment in bytes)."""
+    value = _number(text, int, "an integer")
+    if value <= 0 or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"{value} must be a positive power of two")
+    return int(value)
+
+
 def log_level(text: str) -> str:
     level = str(text).strip().upper()
     if level not in LOG_LEVELS:

@@ -35,10 +35,13 @@ from lmcache.v1.multiprocess.flag_types import (
     non_negative_int,
     positive_float,
     positive_int,
+    power_of_two,
     tcp_port,
     tcp_port_or_off,
+    unit_fraction,
     usable_directory,
 )
+from lmcache.v1.multiprocess.l1_manager_spec import L1ManagerSpec, parse_l1_managers
 from lmcache.v1.multiprocess.runtime_plugins.settings import (
     RuntimePluginConfig,
     add_runtime_plugin_args,
@@ -59,6 +62,7 @@ from lmcache.v1.multiprocess.wire.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from lmcache.v1.platform.transfer_mode import MPTransferMode
+from lmcache.v1.storage_backend.l1_settings import PREFETCH_POLICIES, STORE_POLICIES, L1Settings
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
 __all__ = [
@@ -117,6 +121,22 @@ class MPServerConfig:
     l2_adapters: list[str] = dataclasses.field(default_factory=list)
     l2_prefetch_max_in_flight: int = 8
     l2_prefetch_wait_timeout_seconds: float = 30.0
+    # Upstream's storage-manager flags (server_flags.add_storage_manager_args).
+    l1_use_lazy: bool = True
+    l1_init_size_gb: float = 20.0
+    l1_align_bytes: int = 4096
+    l1_use_hugepages: bool = False
+    l1_devdax_path: str | None = None
+    gds_l1_path: str | None = None
+    gds_l1_use_direct_io: bool | None = None
+    gds_l1_backend: str | None = None
+    l1_write_ttl_seconds: int = 600
+    l1_read_ttl_seconds: int = 300
+    eviction_trigger_watermark: float = 0.8
+    eviction_ratio: float = 0.2
+    l2_store_policy: str = "default"
+    l2_prefetch_policy: str = "default"
+    periodic_notifier_interval_ms: int = 5
     kv_event_log_size: int = 32768
     worker_reap_timeout_seconds: float = 120.0
     session_ttl_seconds: float = 600.0
@@ -173,6 +193,17 @@ class MPServerConfig:
                 positive_float,
                 self.l2_prefetch_wait_timeout_seconds,
             ),
+            ("--l1-init-size-gb", positive_float, self.l1_init_size_gb),
+            ("--l1-align-bytes", power_of_two, self.l1_align_bytes),
+            ("--l1-write-ttl-seconds", positive_int, self.l1_write_ttl_seconds),
+            ("--l1-read-ttl-seconds", positive_int, self.l1_read_ttl_seconds),
+            ("--eviction-trigger-watermark", unit_fraction, self.eviction_trigger_watermark),
+            ("--eviction-ratio", unit_fraction, self.eviction_ratio),
+            (
+                "--periodic-notifier-interval-ms",
+                positive_int,
+                self.periodic_notifier_interval_ms,
+            ),
         ]
         optional = [
             ("--l1-size-gb", positive_float, self.l1_size_gb),
@@ -189,6 +220,7 @@ class MPServerConfig:
                 check(str(value))
             except argparse.ArgumentTypeError as exc:
                 raise ValueError(f"argument {flag}: {exc}") from None
+        self._check_storage_manager_choices()
         if self.max_inflight_bytes < self.max_message_bytes:
             raise ValueError(
                 f"argument --max-inflight-mb: {self.max_inflight_bytes / 1024**2:g} MiB is "
@@ -196,6 +228,64 @@ class MPServerConfig:
                 f"the size limit admits would always be refused as busy"
             )
         return self
+
+    def _check_storage_manager_choices(self) -> None:
+        """Upstream's storage flags this server cannot honour, refused with the reason."""
+        if self.l1_devdax_path is not None:
+            raise ValueError(
+                "argument --l1-devdax-path: refused: a Device-DAX L1 needs a /dev/dax device, "
+                "which this server does not drive (L1 is host memory)"
+            )
+        gds = {
+            "--gds-l1-path": self.gds_l1_path,
+            "--gds-l1-use-direct-io": self.gds_l1_use_direct_io,
+            "--gds-l1-backend": self.gds_l1_backend,
+        }
+        for flag, value in gds.items():
+            if value is not None:
+                raise ValueError(
+                    f"argument {flag}: refused: a GPUDirect-Storage L1 needs cuFile/hipFile, "
+                    f"which this server does not use (L1 is host memory)"
+                )
+        if self.l2_store_policy not in STORE_POLICIES:
+            raise ValueError(
+                f"argument --l2-store-policy: {self.l2_store_policy!r} is not one of "
+                f"{', '.join(STORE_POLICIES)}"
+            )
+        if self.l2_prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(
+                f"argument --l2-prefetch-policy: {self.l2_prefetch_policy!r} is not one of "
+                f"{', '.join(PREFETCH_POLICIES)}"
+            )
+        if self.l1_use_hugepages and self.shm_name:
+            raise ValueError(
+                "argument --l1-use-hugepages: needs private memory, but L1 is in shared memory "
+                "(--shm-name); pass --shm-name '' as upstream requires"
+            )
+        if self.eviction_policy not in CACHE_POLICIES:
+            raise ValueError(
+                f"argument --eviction-policy: {self.eviction_policy!r} is not one of "
+                f"{', '.join(CACHE_POLICIES)}"
+            )
+
+    def l1_settings(self) -> L1Settings:
+        """How L1 manages its memory (upstream's storage-manager flags)."""
+        return L1Settings(
+            eviction_trigger_watermark=self.eviction_trigger_watermark,
+            eviction_ratio=self.eviction_ratio,
+            read_ttl_seconds=float(self.l1_read_ttl_seconds),
+            write_ttl_seconds=float(self.l1_write_ttl_seconds),
+            use_lazy=self.l1_use_lazy,
+            init_size_gb=self.l1_init_size_gb,
+            align_bytes=self.l1_align_bytes,
+            use_hugepages=self.l1_use_hugepages,
+            notifier_interval_ms=self.periodic_notifier_interval_ms,
+        )
+
+    def prepared_store_ttl_seconds(self) -> float:
+        """A prepared store holds its L1 memory at most this long: the earlier of
+        --pending-transfer-timeout-seconds and upstream's write-lock TTL."""
+        return min(self.pending_transfer_timeout_seconds, float(self.l1_write_ttl_seconds))
 
     def resolved_instance_id(self) -> str:
         return self.instance_id or uuid.uuid4().hex
@@ -227,6 +317,8 @@ class MPServerConfig:
             l2_disk_size_gb=self.l2_disk_size_gb,
             l2_disk_adopt=self.l2_disk_adopt,
             l2_adapters=self.l2_adapters,
+            l1=self.l1_settings(),
+            store_policy=self.l2_store_policy,
         )
 
     def pool_workers(self) -> tuple[int, int]:
@@ -263,7 +355,39 @@ def default_l1_size_gb() -> float:
 
 
 def config_from_args(args: argparse.Namespace) -> MPServerConfig:
-    """The config the flags describe; :meth:`MPServerConfig.validate` checks it."""
+    """The config the flags describe; :meth:`MPServerConfig.validate` checks it.  A DRAM
+    ``--l1-manager`` sets L1's values (``ValueError`` for one this server refuses)."""
+    config = _flags_config(args)
+    spec = parse_l1_managers(list(getattr(args, "l1_manager", None) or []))
+    if spec is not None:
+        if args.l1_size_gb is not None:
+            raise ValueError("use either --l1-manager or --l1-size-gb, not both (as upstream)")
+        apply_l1_manager(config, spec)
+    return config
+
+
+def apply_l1_manager(config: MPServerConfig, spec: L1ManagerSpec) -> None:
+    """Set ``config``'s L1 values from a DRAM ``--l1-manager`` (fields it omits keep the
+    flags' values)."""
+    config.l1_size_gb = spec.size_gb
+    overrides = {
+        "l1_align_bytes": spec.align_bytes,
+        "l1_use_lazy": spec.use_lazy,
+        "l1_init_size_gb": spec.init_size_gb,
+        "l1_use_hugepages": spec.use_hugepages,
+        "shm_name": spec.shm_name,
+        "l1_read_ttl_seconds": spec.read_ttl_seconds,
+        "l1_write_ttl_seconds": spec.write_ttl_seconds,
+        "eviction_policy": spec.eviction_policy,
+        "eviction_trigger_watermark": spec.trigger_watermark,
+        "eviction_ratio": spec.eviction_ratio,
+    }
+    for name, value in overrides.items():
+        if value is not None:
+            setattr(config, name, value)
+
+
+def _flags_config(args: argparse.Namespace) -> MPServerConfig:
     return MPServerConfig(
         host=args.host,
         port=args.port,
@@ -282,6 +406,21 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         l2_adapters=list(args.l2_adapter),
         l2_prefetch_max_in_flight=args.l2_prefetch_max_in_flight,
         l2_prefetch_wait_timeout_seconds=args.l2_prefetch_wait_timeout_seconds,
+        l1_use_lazy=args.l1_use_lazy,
+        l1_init_size_gb=args.l1_init_size_gb,
+        l1_align_bytes=args.l1_align_bytes,
+        l1_use_hugepages=args.l1_use_hugepages,
+        l1_devdax_path=args.l1_devdax_path,
+        gds_l1_path=args.gds_l1_path,
+        gds_l1_use_direct_io=args.gds_l1_use_direct_io,
+        gds_l1_backend=args.gds_l1_backend,
+        l1_write_ttl_seconds=args.l1_write_ttl_seconds,
+        l1_read_ttl_seconds=args.l1_read_ttl_seconds,
+        eviction_trigger_watermark=args.eviction_trigger_watermark,
+        eviction_ratio=args.eviction_ratio,
+        l2_store_policy=args.l2_store_policy,
+        l2_prefetch_policy=args.l2_prefetch_policy,
+        periodic_notifier_interval_ms=args.periodic_notifier_interval_ms,
         kv_event_log_size=args.kv_event_log_size,
         worker_reap_timeout_seconds=args.worker_reap_timeout_seconds,
         session_ttl_seconds=args.session_ttl_seconds,

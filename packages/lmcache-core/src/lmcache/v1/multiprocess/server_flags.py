@@ -11,8 +11,10 @@ from lmcache.v1.multiprocess.flag_types import (
     non_negative_int,
     positive_float,
     positive_int,
+    power_of_two,
     tcp_port,
     tcp_port_or_off,
+    unit_fraction,
     upper_case,
     usable_directory,
 )
@@ -22,6 +24,7 @@ from lmcache.v1.multiprocess.wire.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
 )
 from lmcache.v1.platform.transfer_mode import MPTransferMode
+from lmcache.v1.storage_backend.l1_settings import PREFETCH_POLICIES, STORE_POLICIES
 
 AUTO_SHM = "auto"
 # The HTTP frontend's connection limits (lmcache.v1.multiprocess.server.http_limits).
@@ -176,11 +179,130 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
             'or \'{"type": "disk", "path": "/data", "size_gb": 10}\' (also "fs").'
         ),
     )
+    add_storage_manager_args(parser)
     add_runtime_plugin_args(parser)
     add_admin_args(parser)
     add_http_frontend_args(parser)
     add_observability_args(parser)
     return parser
+
+
+def add_storage_manager_args(parser: argparse.ArgumentParser) -> None:
+    """Upstream 0.5.6's storage-manager flags (its ``add_storage_manager_args``) beyond the
+    ones above: names, defaults and meanings as upstream; docs/storage.md says what each
+    does here.  Device-DAX and GDS L1 are refused with the reason (no such device here)."""
+    group = parser.add_argument_group(
+        "Storage manager (upstream flags)", "L1 memory, eviction and L2 policies."
+    )
+    group.add_argument(
+        "--l1-manager",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="Tagged L1 as upstream's JSON: type DRAM (fields tag, size_gb, align_bytes, "
+        "use_lazy, init_size_gb, use_hugepages, shm_name, read_ttl_seconds, "
+        "write_ttl_seconds, eviction {eviction_policy, trigger_watermark, eviction_ratio}) "
+        "configures L1 instead of the --l1-* flags; one L1 only. DEVDAX and GDS are refused.",
+    )
+    group.add_argument(
+        "--l1-use-lazy",
+        action="boolean_optional",
+        default=True,
+        help="Lazy L1: start with --l1-init-size-gb usable (reserved and prefaulted) and grow "
+        "to --l1-size-gb in the background and on demand (default on, as upstream).",
+    )
+    group.add_argument(
+        "--l1-init-size-gb",
+        type=positive_float,
+        default=20.0,
+        help="L1 usable at start-up with --l1-use-lazy (GiB, capped at --l1-size-gb; "
+        "default 20).",
+    )
+    group.add_argument(
+        "--l1-align-bytes",
+        type=power_of_two,
+        default=4096,
+        help="Alignment of every L1 object's offset, a power of two (default 4096).",
+    )
+    group.add_argument(
+        "--l1-use-hugepages",
+        action="boolean_optional",
+        default=False,
+        help="Map L1 from the 2 MiB hugepage pool (needs vm.nr_hugepages and --shm-name ''; "
+        "lazy allocation is turned off, as upstream). Default off.",
+    )
+    group.add_argument(
+        "--l1-devdax-path",
+        default=None,
+        help="Upstream's Device-DAX L1: refused here (no DAX device support).",
+    )
+    group.add_argument(
+        "--gds-l1-path",
+        default=None,
+        help="Upstream's GPUDirect-Storage L1: refused here (no GDS support).",
+    )
+    group.add_argument(
+        "--gds-l1-use-direct-io",
+        action="boolean_optional",
+        default=None,
+        help="Upstream's GDS L1 option (upstream default on): refused here (no GDS support).",
+    )
+    group.add_argument(
+        "--gds-l1-backend",
+        default=None,
+        help="Upstream's GDS L1 backend (upstream default auto): refused here (no GDS support).",
+    )
+    group.add_argument(
+        "--l1-write-ttl-seconds",
+        type=positive_int,
+        default=600,
+        help="A store's write lock lives this long: a prepared (engine-driven) store not "
+        "committed by then is released (the earlier of this and "
+        "--pending-transfer-timeout-seconds). Default 600.",
+    )
+    group.add_argument(
+        "--l1-read-ttl-seconds",
+        type=positive_int,
+        default=300,
+        help="A read lock (a lookup's pin) older than this no longer protects its chunk "
+        "from L1 eviction. Default 300.",
+    )
+    group.add_argument(
+        "--eviction-trigger-watermark",
+        type=unit_fraction,
+        default=0.8,
+        help="L1 starts evicting ahead of need when its used bytes reach this fraction of "
+        "--l1-size-gb, in (0, 1] (default 0.8).",
+    )
+    group.add_argument(
+        "--eviction-ratio",
+        type=unit_fraction,
+        default=0.2,
+        help="Fraction of L1's used bytes evicted (eviction-policy order) each time the "
+        "watermark is reached, in (0, 1] (default 0.2).",
+    )
+    group.add_argument(
+        "--l2-store-policy",
+        choices=list(STORE_POLICIES),
+        default="default",
+        help="default: keep stored chunks in L1 and write them through to every lower "
+        "tier; skip_l1: drop a chunk from L1 once a lower tier holds it (L1 as a write "
+        "buffer).",
+    )
+    group.add_argument(
+        "--l2-prefetch-policy",
+        choices=list(PREFETCH_POLICIES),
+        default="default",
+        help="default: chunks prefetched from a lower tier leave L1 when the lookup "
+        "session that wanted them ends; retain: they stay in L1 (subject to eviction).",
+    )
+    group.add_argument(
+        "--periodic-notifier-interval-ms",
+        type=positive_int,
+        default=5,
+        help="How often L1's eviction notifier checks usage against the watermark (ms, "
+        "default 5); a put that crosses it wakes the notifier at once.",
+    )
 
 
 def add_admin_args(parser: argparse.ArgumentParser) -> None:

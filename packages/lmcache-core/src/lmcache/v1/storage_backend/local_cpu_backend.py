@@ -6,6 +6,14 @@ pinned or still referenced by a reader (``MemoryObj.can_evict``); the tier count
 evictions (:attr:`LocalCPUBackend.evictions`).  When nothing can be
 evicted, ``allocate(..., busy_loop=True)`` sleeps on the allocator's free notification
 (re-checking at least every 50 ms for unpins) until ``blocking_timeout_secs`` runs out.
+
+With :class:`~lmcache.v1.storage_backend.l1_settings.L1Settings` (the cache server passes
+upstream's storage-manager flags) L1 also evicts ahead of need, as upstream's L1 eviction
+controller: a notifier thread checks the usage every ``notifier_interval_ms`` (and at once
+after a put that crosses the watermark); at ``eviction_trigger_watermark`` x capacity it
+evicts ``eviction_ratio`` of the used bytes in policy order.  A pin older than
+``read_ttl_seconds`` no longer protects its object (upstream's read-lock TTL).  On-demand
+eviction when an allocation fails stays as the last resort.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from lmcache.v1.memory.base import MemoryAllocatorInterface, MemoryObj
 from lmcache.v1.memory.format import MemoryFormat, normalize_shapes_dtypes, part_offsets
 from lmcache.v1.storage_backend.abstract_backend import AllocatorBackendInterface
 from lmcache.v1.storage_backend.cache_policy import get_cache_policy
+from lmcache.v1.storage_backend.l1_settings import L1Settings
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +57,14 @@ class LocalCPUBackend(AllocatorBackendInterface):
         dst_device: str = "cpu",
         memory_allocator: MemoryAllocatorInterface | None = None,
         shm_name: str | None = None,
+        l1_settings: L1Settings | None = None,
     ) -> None:
         super().__init__(dst_device=dst_device)
         self.config = config if config is not None else LMCacheEngineConfig()
         self.metadata = metadata
         self.use_hot = self.config.local_cpu
         self._shm_name = shm_name
+        self.l1_settings = l1_settings.validate() if l1_settings is not None else None
         self._owns_allocator = memory_allocator is None
         self.memory_allocator: MemoryAllocatorInterface = (
             memory_allocator
@@ -69,13 +80,34 @@ class LocalCPUBackend(AllocatorBackendInterface):
         # Called with (key, present) under the lock whenever a key enters or leaves this
         # tier (see add_residency_listener).
         self._residency_listeners: list[Callable[[CacheEngineKey, bool], None]] = []
+        # When each pinned key was last pinned: a pin past read_ttl_seconds has expired.
+        self._pinned_at: dict[CacheEngineKey, float] = {}
+        self._read_ttl = self.l1_settings.read_ttl_seconds if self.l1_settings else None
+        self.watermark_evictions = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._notifier: threading.Thread | None = None
+        if self.l1_settings is not None:
+            self._start_notifier()
 
     # -- allocator ----------------------------------------------------------------------------
 
     def initialize_allocator(
         self, config: LMCacheEngineConfig, metadata: LMCacheMetadata | None
     ) -> MemoryAllocatorInterface:
-        return HostMemoryAllocator.from_config(config, shm_name=self._shm_name)
+        settings = self.l1_settings
+        if settings is None:
+            return HostMemoryAllocator.from_config(config, shm_name=self._shm_name)
+        size = int(config.max_local_cpu_size * 1024**3)
+        allocator = HostMemoryAllocator.from_config(
+            config,
+            shm_name=self._shm_name,
+            align_bytes=settings.align_bytes,
+            init_size=settings.init_size_bytes(size),
+            use_hugepages=settings.use_hugepages,
+        )
+        allocator.start_growing()
+        return allocator
 
     def get_memory_allocator(self) -> MemoryAllocatorInterface:
         return self.memory_allocator
@@ -141,17 +173,78 @@ class LocalCPUBackend(AllocatorBackendInterface):
     def _pick_victims(self, nbytes: int) -> list[CacheEngineKey]:
         victims: list[CacheEngineKey] = []
         freed = 0
+        now = time.monotonic()
         for key in self._policy.candidates():
             obj = self._hot[key]
-            if obj.can_evict:
+            if self._evictable(key, obj, now):
                 victims.append(key)
                 freed += obj.get_physical_size()
                 if freed >= nbytes:
                     break
         return victims
 
+    def _evictable(self, key: CacheEngineKey, obj: MemoryObj, now: float) -> bool:
+        """Unpinned and unread -- or pinned only by pins all older than the read TTL
+        (upstream's TTL read lock: a lookup that never retrieves cannot hold L1 forever).
+        An object a reader still references is never taken."""
+        if obj.can_evict:
+            return True
+        if self._read_ttl is None or obj.get_ref_count() > 1:
+            return False
+        pinned_at = self._pinned_at.get(key)
+        return pinned_at is not None and now - pinned_at >= self._read_ttl
+
+    def _note_pinned(self, key: CacheEngineKey) -> None:
+        if self._read_ttl is not None:
+            self._pinned_at[key] = time.monotonic()
+
+    # -- watermark eviction (L1Settings) ------------------------------------------------------
+
+    def _start_notifier(self) -> None:
+        self._notifier = threading.Thread(
+            target=self._notifier_loop, name="lmc-l1-evict", daemon=True
+        )
+        self._notifier.start()
+
+    def _notifier_loop(self) -> None:
+        assert self.l1_settings is not None
+        interval = self.l1_settings.notifier_interval_s
+        while not self._stop.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.evict_to_watermark()
+            except Exception:  # the notifier must outlive one bad pass
+                logger.exception("L1 watermark eviction failed")
+
+    def over_watermark(self) -> bool:
+        settings = self.l1_settings
+        if settings is None:
+            return False
+        return self.used_bytes >= settings.eviction_trigger_watermark * self.capacity_bytes
+
+    def evict_to_watermark(self) -> int:
+        """At or above the trigger watermark, evict ``eviction_ratio`` of the used bytes
+        (policy order, evictable objects only); returns how many objects went."""
+        settings = self.l1_settings
+        if settings is None or not self.over_watermark():
+            return 0
+        target = int(self.used_bytes * settings.eviction_ratio)
+        with self._lock:
+            victims = self._pick_victims(max(1, target))
+            for key in victims:
+                self._drop_locked(key)
+            self._evictions += len(victims)
+            self.watermark_evictions += len(victims)
+        if victims:
+            logger.debug("L1 over its watermark: evicted %d objects", len(victims))
+        return len(victims)
+
     def _drop_locked(self, key: CacheEngineKey) -> MemoryObj:
         obj = self._hot.pop(key)
+        self._pinned_at.pop(key, None)
         self._policy.on_remove(key)
         obj.ref_count_down()
         self._notify_residency(key, False)
@@ -204,6 +297,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
                 return False
             if pin:
                 obj.pin()
+                self._note_pinned(key)
             return True
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
@@ -216,6 +310,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
                     break
                 if pin:
                     obj.pin()
+                    self._note_pinned(key)
                 hits += 1
         return hits
 
@@ -259,7 +354,11 @@ class LocalCPUBackend(AllocatorBackendInterface):
                 obj.ref_count_up()
             self._hot[key] = obj
             self._policy.on_put(key)
+            if obj.metadata.pin_count:
+                self._note_pinned(key)  # pinned by its writer (e.g. the prefetcher)
             self._notify_residency(key, True)
+        if self.l1_settings is not None and self.over_watermark():
+            self._wake.set()  # evict now, not at the next tick
 
     def _copy_in(self, src: MemoryObj) -> MemoryObj | None:
         """A copy of a foreign object in this tier's allocator (so the byte bound holds)."""
@@ -303,12 +402,25 @@ class LocalCPUBackend(AllocatorBackendInterface):
     def pin(self, key: CacheEngineKey) -> bool:
         with self._lock:
             obj = self._hot.get(key)
-            return obj.pin() if obj is not None else False
+            if obj is None:
+                return False
+            self._note_pinned(key)
+            return obj.pin()
 
     def unpin(self, key: CacheEngineKey) -> bool:
         with self._lock:
             obj = self._hot.get(key)
             return obj.unpin() if obj is not None else False
+
+    def remove_object(self, key: CacheEngineKey, obj: MemoryObj) -> bool:
+        """Remove ``key`` only while ``obj`` itself is its object and nobody pins or reads
+        it (a chunk put here for one reader, e.g. a prefetch, leaves without taking a newer
+        copy with it)."""
+        with self._lock:
+            if self._hot.get(key) is not obj or not obj.can_evict:
+                return False
+            self._drop_locked(key)
+            return True
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
         with self._lock:
@@ -342,6 +454,10 @@ class LocalCPUBackend(AllocatorBackendInterface):
         return self._evictions
 
     def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._notifier is not None and self._notifier is not threading.current_thread():
+            self._notifier.join()
         with self._lock:
             self._closed = True
             for key in list(self._hot):

@@ -8,6 +8,9 @@
 * Lookups (``batched_contains``) count the leading keys present in *any* tier, advancing
   tier by tier with each tier's batch call rather than probing key by key.
 * A hit in a lower tier is promoted into L1.
+* With the ``skip_l1`` store policy (upstream's ``--l2-store-policy skip_l1``) L1 is a
+  write buffer: a stored key leaves L1 once its write-through finished and a lower tier
+  holds it (a key no lower tier took stays in L1; so does one still pinned or read).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from lmcache.v1.storage_backend.abstract_backend import (
     AllocatorBackendInterface,
     StorageBackendInterface,
 )
+from lmcache.v1.storage_backend.l1_settings import STORE_POLICIES
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 from lmcache.v1.storage_backend.plugins import storage_plugin_launcher
@@ -59,7 +63,9 @@ def create_storage_backends(
     engine_config = settings.config
     backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
     try:
-        cpu = LocalCPUBackend(engine_config, metadata, dst_device, memory_allocator, shm_name)
+        cpu = LocalCPUBackend(
+            engine_config, metadata, dst_device, memory_allocator, shm_name, settings.l1
+        )
         backends[L1_NAME] = cpu
         if settings.disk_enabled:
             backends[L2_NAME] = LocalDiskBackend(engine_config, cpu, metadata, dst_device)
@@ -113,6 +119,7 @@ class StorageManager(AllocatorBackendInterface):
         memory_allocator: MemoryAllocatorInterface | None = None,
         shm_name: str | None = None,
         backends: OrderedDict[str, StorageBackendInterface] | None = None,
+        store_policy: str = "default",
     ) -> None:
         super().__init__(dst_device=dst_device)
         self.config = config if config is not None else LMCacheEngineConfig()
@@ -132,6 +139,13 @@ class StorageManager(AllocatorBackendInterface):
         self._lower = [b for name, b in self.storage_backends.items() if name != L1_NAME]
         self._tiers: list[StorageBackendInterface] = ([l1] if self._l1_stores else []) + self._lower
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmc-writethrough")
+        if store_policy not in STORE_POLICIES:
+            raise ValueError(f"unknown store policy {store_policy!r}; one of {STORE_POLICIES}")
+        # skip_l1 without a lower tier has nothing to hand a key to: L1 keeps it, as upstream.
+        self._skip_l1 = store_policy == "skip_l1" and self._l1_stores and bool(self._lower)
+        if store_policy == "skip_l1" and not self._skip_l1:
+            logger.warning("store policy skip_l1 without a lower tier: L1 keeps every key")
+        self.store_policy = store_policy
         self._pending: set[Future] = set()
         self._pending_lock = threading.Lock()
 
@@ -199,7 +213,54 @@ class StorageManager(AllocatorBackendInterface):
         for backend in self._lower:
             futures.extend(self._write_through(backend, keys, objs, transfer_spec, callback_left))
             callback_left = None
+        if self._skip_l1:
+            futures.append(self._leave_l1_after(futures, list(keys)))
         return futures or None
+
+    def _leave_l1_after(self, writes: list[Future], keys: list[CacheEngineKey]) -> Future:
+        """skip_l1: once ``writes`` are done, drop from L1 each key a lower tier holds.
+        The returned future (tracked by :meth:`wait_for_puts`) finishes after that."""
+        done: Future = Future()
+        with self._pending_lock:
+            self._pending.add(done)
+        done.add_done_callback(self._forget)
+        left = [len(writes)]
+        lock = threading.Lock()
+
+        def run() -> None:
+            try:
+                self._drop_l1_copies(keys)
+            finally:
+                done.set_result(None)
+
+        def one_finished(_f: Future | None = None) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] <= 0
+            if last:
+                # On the writer thread, not in whichever tier's thread finished last: the
+                # check below asks the tiers, which may wait on their own threads.
+                try:
+                    self._writer.submit(run)
+                except RuntimeError:  # shut down: L1 keeps the keys
+                    done.set_result(None)
+
+        if not writes:
+            left[0] = 1
+            one_finished()
+        for write in writes:
+            write.add_done_callback(one_finished)
+        return done
+
+    def _drop_l1_copies(self, keys: list[CacheEngineKey]) -> None:
+        for key in keys:
+            try:
+                held_below = any(b.contains(key) for b in self._lower)
+            except Exception:
+                logger.exception("skip_l1: cannot ask the lower tiers about %s", key)
+                continue
+            if held_below:
+                self.local_cpu_backend.remove(key, force=False)
 
     def _write_through(
         self,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.storage_backend.l1_settings import STORE_POLICIES, L1Settings
 from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES, RedisSettings, is_redis_url
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,11 @@ class TierSettings:
 
     config: LMCacheEngineConfig
     remote: tuple[RemoteTier, ...] = ()
+    l1: L1Settings | None = None
+    """How L1 manages its memory (the server's upstream storage-manager flags); None: as
+    the engine config says (on-demand eviction only)."""
+    store_policy: str = "default"
+    """``--l2-store-policy`` (:data:`~.l1_settings.STORE_POLICIES`)."""
 
     @property
     def disk_enabled(self) -> bool:
@@ -81,9 +87,17 @@ class TierSettings:
         l2_disk_size_gb: float = 0.0,
         l2_disk_adopt: bool = False,
         l2_adapters: Sequence[str] = (),
+        l1: L1Settings | None = None,
+        store_policy: str = "default",
     ) -> TierSettings:
         """The tiers of ``lmcache server``: L1, the disk tier from ``--l2-disk-*`` or one
         disk adapter, and a Redis tier per Redis ``--l2-adapter`` ("L2Adapter<i>:<type>")."""
+        if store_policy not in STORE_POLICIES:
+            raise ValueError(
+                f"--l2-store-policy {store_policy!r} is not one of {', '.join(STORE_POLICIES)}"
+            )
+        if l1 is not None:
+            l1.validate()
         adapters = [parse_l2_adapter(raw) for raw in l2_adapters]
         disk_path, disk_size_gb = disk_tier(l2_disk_path, l2_disk_size_gb, adapters)
         adopt = disk_adopt(l2_disk_adopt, adapters)
@@ -101,7 +115,7 @@ class TierSettings:
             RemoteTier(f"L2Adapter{i}:{spec['type']}", RedisSettings.from_l2_adapter(spec))
             for i, spec in enumerate(redis_specs)
         )
-        return cls(config, remote)
+        return cls(config, remote, l1, store_policy)
 
 
 def parse_l2_adapter(raw: str) -> dict[str, Any]:

@@ -61,6 +61,9 @@ class MPCacheServer(LMCacheDrivenOps, EngineDrivenOps, AdminOps, WorkerRegistry,
         self._pending.drop(
             lambda _iid: True, older_than=now - self.settings.pending_transfer_timeout_seconds
         )
+        store_ttl = self.settings.prepared_store_ttl_seconds
+        if store_ttl is not None:
+            self._pending.drop(lambda _iid: True, older_than=now - store_ttl, stores_only=True)
         self._reap_workers(now)
         self._reap_lookups(now)
 

@@ -71,12 +71,19 @@ class PendingTransfers:
         with self._lock:
             return table.pop(ident, None)
 
-    def drop(self, predicate: Callable[[int], bool], older_than: float | None = None) -> int:
+    def drop(
+        self,
+        predicate: Callable[[int], bool],
+        older_than: float | None = None,
+        stores_only: bool = False,
+    ) -> int:
         """Release the entries of the instance ids ``predicate`` selects (only those created
-        before ``older_than`` when given); returns how many went."""
+        before ``older_than`` when given, only prepared stores with ``stores_only``);
+        returns how many went."""
         dropped = []
+        tables = (self.stores,) if stores_only else (self.stores, self.retrieves)
         with self._lock:
-            for table in (self.stores, self.retrieves):
+            for table in tables:
                 for ident in list(table):
                     pending = table[ident]
                     expired = older_than is None or pending.created < older_than

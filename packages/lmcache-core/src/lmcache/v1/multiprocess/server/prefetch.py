@@ -13,6 +13,9 @@ cannot evict a chunk between its promotion and the retrieve that needs it.
   once, when its last chunk finishes.
 * ``end_session`` / ``free_lookup_locks`` release the session's chunks: queued reads no one
   else wants are cancelled, and the L1 pins are dropped (also for reads that finish after).
+* ``--l2-prefetch-policy`` (upstream's): with ``default`` a chunk this prefetcher put into
+  L1 is temporary and leaves L1 when its last session releases it (unless someone else
+  pins or reads it, or a newer copy replaced it); with ``retain`` it stays in L1.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class ChunkPrefetch:
     holders: int = 1  # sessions still relying on it
     l1_obj: MemoryObj | None = None  # pinned and referenced until the last holder leaves
     future: Future | None = None
+    temporary: bool = False  # put into L1 by this prefetch (the key was not there before)
 
 
 @dataclasses.dataclass(eq=False)
@@ -82,12 +86,19 @@ class PrefetchJob:
 class Prefetcher:
     """Promotes chunks from the lower tiers into L1 on a bounded pool (see the module doc)."""
 
-    def __init__(self, storage: StorageManager, max_in_flight: int, wait_timeout: float) -> None:
+    def __init__(
+        self,
+        storage: StorageManager,
+        max_in_flight: int,
+        wait_timeout: float,
+        retain: bool = False,
+    ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.storage = storage
         self.max_in_flight = max_in_flight
         self.wait_timeout = wait_timeout
+        self.retain = retain
         self._pool = ThreadPoolExecutor(
             max_workers=max_in_flight, thread_name_prefix="lmc-prefetch"
         )
@@ -122,8 +133,9 @@ class Prefetcher:
         return PrefetchJob(request_id, chunks, list(indices))
 
     def release(self, job: PrefetchJob) -> None:
-        """The session is over: cancel what no one else wants, drop its L1 pins."""
-        to_unpin: list[MemoryObj] = []
+        """The session is over: cancel what no one else wants, drop its L1 pins (and,
+        without ``retain``, the L1 copies this prefetcher made)."""
+        to_unpin: list[ChunkPrefetch] = []
         with self._lock:
             if job.released:
                 return
@@ -137,9 +149,9 @@ class Prefetcher:
                 if chunk.future is not None and chunk.future.cancel():
                     self._finish_locked(chunk, None, "cancelled")
                 elif chunk.l1_obj is not None:
-                    to_unpin.append(chunk.l1_obj)
-                    chunk.l1_obj = None
-        _unpin_all(to_unpin)
+                    to_unpin.append(chunk)
+        for chunk in to_unpin:
+            self._let_go(chunk)
 
     def wait_for(self, keys: Sequence[Any], timeout: float | None = None) -> bool:
         """Wait for the in-flight prefetches of ``keys``; False when one failed or did not
@@ -201,10 +213,14 @@ class Prefetcher:
             self.peak_running = max(self.peak_running, self._running)
         obj: MemoryObj | None = None
         error: str | None = None
+        fresh = False
         try:
+            fresh = not self.storage.in_l1(chunk.key)
             obj = self._promote(chunk.key)
             if obj is None:
                 error = "not readable from any lower tier (or no room in L1)"
+            else:
+                chunk.temporary = fresh
         except Exception as exc:  # a tier's failure is a miss, never the server's end
             error = f"{type(exc).__name__}: {exc}"
         release_now = False
@@ -212,10 +228,18 @@ class Prefetcher:
             self._running -= 1
             self._finish_locked(chunk, obj, error)
             release_now = chunk.holders <= 0 and chunk.l1_obj is not None
-            if release_now:
-                chunk.l1_obj = None
-        if release_now and obj is not None:
-            _unpin_all([obj])
+        if release_now:
+            self._let_go(chunk)
+
+    def _let_go(self, chunk: ChunkPrefetch) -> None:
+        """Drop the chunk's pin and reference; a temporary copy leaves L1 too."""
+        with self._lock:
+            obj, chunk.l1_obj = chunk.l1_obj, None
+        if obj is None:
+            return
+        _unpin_all([obj])
+        if chunk.temporary and not self.retain:
+            self.storage.local_cpu_backend.remove_object(chunk.key, obj)
 
     def _finish_locked(
         self, chunk: ChunkPrefetch, obj: MemoryObj | None, error: str | None

@@ -90,16 +90,20 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         except OSError as exc:
             made = f"L1 and the disk tier at {disk_path!r}" if disk_path else "L1"
             raise OSError(f"cannot create {made}: {exc}") from exc
-        storage = StorageManager(engine_config, backends=backends)
+        storage = StorageManager(
+            engine_config, backends=backends, store_policy=config.l2_store_policy
+        )
         _prefault(storage)
         settings = CacheServerSettings(
             chunk_size=config.chunk_size,
             supported_transfer_mode=config.supported_transfer_mode,
             worker_reap_timeout_seconds=config.worker_reap_timeout_seconds,
             pending_transfer_timeout_seconds=config.pending_transfer_timeout_seconds,
+            prepared_store_ttl_seconds=config.prepared_store_ttl_seconds(),
             session_ttl_seconds=config.session_ttl_seconds,
             prefetch_max_in_flight=config.l2_prefetch_max_in_flight,
             prefetch_wait_timeout_seconds=config.l2_prefetch_wait_timeout_seconds,
+            prefetch_retain=config.l2_prefetch_policy == "retain",
             instance_id=config.instance_id,
             admin=admin,
             kv_event_log_size=config.kv_event_log_size,
@@ -184,7 +188,9 @@ def _prefault(storage: StorageManager) -> None:
     if isinstance(buffer, torch.Tensor):
         shm_name = getattr(allocator, "shm_name", None)
         where = os.path.join(SHM_DIR, shm_name.lstrip("/")) if shm_name else "process memory"
-        prefault_buffer(buffer, where)
+        # A lazy L1 reserved only its usable part; the rest is touched as it grows.
+        usable = getattr(allocator, "usable_bytes", buffer.numel())
+        prefault_buffer(buffer[:usable], where)
 
 
 def prefault_buffer(buffer: torch.Tensor, where: str) -> None:

@@ -64,12 +64,18 @@ class CacheServerSettings:
     instance_id: str = ""  # the server's id (--instance-id), reported by /status
     worker_reap_timeout_seconds: float = 120.0
     pending_transfer_timeout_seconds: float = 60.0
+    # A prepared store expires sooner when upstream's write-lock TTL
+    # (--l1-write-ttl-seconds) is shorter; None: pending_transfer_timeout_seconds.
+    prepared_store_ttl_seconds: float | None = None
     session_ttl_seconds: float = 600.0
     # Background L2 -> L1 promotion of lookup hits (--l2-prefetch-max-in-flight, as
     # upstream); 0 = synchronous (a retrieve reads the lower tiers itself).
     prefetch_max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     # How long a retrieve waits for the prefetch of a chunk it needs before it is a miss.
     prefetch_wait_timeout_seconds: float = 30.0
+    # --l2-prefetch-policy retain: prefetched chunks stay in L1 after their session
+    # (upstream's default drops them then).
+    prefetch_retain: bool = False
     admin: AdminPolicy = dataclasses.field(default_factory=AdminPolicy)
     # KV-event records kept per model (--kv-event-log-size); 0 turns the events off.
     kv_event_log_size: int = DEFAULT_KV_EVENT_LOG_SIZE
@@ -133,7 +139,10 @@ class ServerCore:
         self.prefetcher: Prefetcher | None = None
         if settings.prefetch_max_in_flight > 0:
             self.prefetcher = Prefetcher(
-                storage, settings.prefetch_max_in_flight, settings.prefetch_wait_timeout_seconds
+                storage,
+                settings.prefetch_max_in_flight,
+                settings.prefetch_wait_timeout_seconds,
+                retain=settings.prefetch_retain,
             )
         self.stats = ServerStats(
             supported_transfer_mode=settings.supported_transfer_mode.value,

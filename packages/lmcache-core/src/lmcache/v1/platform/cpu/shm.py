@@ -282,9 +282,26 @@ def reserve_segment_space(fd: int, nbytes: int, shm_name: str) -> None:
     if fallocate is None:  # not Linux: the sparse size is all there is
         os.ftruncate(fd, nbytes)
         return
+    _reserve_range(fd, 0, nbytes, shm_name)
+
+
+def reserve_segment_range(shm_name: str, offset: int, nbytes: int) -> None:
+    """Reserve ``[offset, offset + nbytes)`` of an existing segment (a lazy L1 growing);
+    a full ``/dev/shm`` is an ``OSError`` naming the segment."""
+    fd = os.open(_segment_path(shm_name), os.O_RDWR)
+    try:
+        _reserve_range(fd, offset, nbytes, shm_name)
+    finally:
+        os.close(fd)
+
+
+def _reserve_range(fd: int, offset: int, nbytes: int, shm_name: str) -> None:
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:
+        return
     lock = _take_reservation_turn()
     try:
-        fallocate(fd, 0, nbytes)
+        fallocate(fd, offset, nbytes)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
             raise
@@ -346,14 +363,18 @@ def _free_space() -> str:
     return _gib(st.f_bavail * st.f_frsize)
 
 
-def create_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch.Tensor]:
+def create_segment(
+    nbytes: int, shm_name: str | None = None, reserve: int | None = None
+) -> tuple[str, torch.Tensor]:
     """A new zero-filled segment mapped as a flat uint8 tensor (MAP_SHARED).
 
     The one place that creates POSIX shm segments (the L1 allocator's buffer comes here
     through :mod:`lmcache.v1.memory.shm`).  Its space is reserved before it is mapped
     (:func:`reserve_segment_space`), so no later touch of its pages can SIGBUS; a segment
     that cannot be reserved or mapped is unlinked before the error propagates, so a failed
-    creation leaves no name behind.
+    creation leaves no name behind.  With ``reserve`` below ``nbytes`` only the first
+    ``reserve`` bytes are reserved now (a lazy L1): the owner must reserve the rest with
+    :func:`reserve_segment_range` before it touches or hands out any of it.
     """
     name = shm_name or new_segment_name()
     path = _segment_path(name)
@@ -361,7 +382,11 @@ def create_segment(nbytes: int, shm_name: str | None = None) -> tuple[str, torch
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         try:
-            reserve_segment_space(fd, size, name)
+            if reserve is not None and reserve < size:
+                os.ftruncate(fd, size)  # the full size, sparse: mapped whole at once
+                _reserve_range(fd, 0, max(1, int(reserve)), name)
+            else:
+                reserve_segment_space(fd, size, name)
         finally:
             os.close(fd)
         return name, torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
