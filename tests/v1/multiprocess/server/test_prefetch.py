@@ -130,7 +130,7 @@ class GatedTier(StorageBackendInterface):
 
 
 def _server(
-    tier_l1_size: str, max_in_flight: int, wait_timeout: float = 5.0
+    tier_l1_size: str, max_in_flight: int, wait_timeout: float = 5.0, retain: bool = False
 ) -> tuple[MPCacheServer, GatedTier]:
     config = LMCacheEngineConfig.from_defaults(
         max_local_cpu_size=tier_l1_size, blocking_timeout_secs=1
@@ -145,6 +145,7 @@ def _server(
         chunk_size=CHUNK_TOKENS,
         prefetch_max_in_flight=max_in_flight,
         prefetch_wait_timeout_seconds=wait_timeout,
+        prefetch_retain=retain,
     )
     return MPCacheServer(settings, storage, enable_metrics=False), tier
 
@@ -154,9 +155,12 @@ def make_server() -> Iterator[Callable[..., tuple[MPCacheServer, GatedTier]]]:
     made: list[tuple[MPCacheServer, GatedTier]] = []
 
     def make(
-        max_in_flight: int = 1, l1_size: str = "256KiB", wait_timeout: float = 5.0
+        max_in_flight: int = 1,
+        l1_size: str = "256KiB",
+        wait_timeout: float = 5.0,
+        retain: bool = False,
     ) -> tuple[MPCacheServer, GatedTier]:
-        made.append(_server(l1_size, max_in_flight, wait_timeout))
+        made.append(_server(l1_size, max_in_flight, wait_timeout, retain))
         return made[-1]
 
     yield make
@@ -268,7 +272,7 @@ def test_retrieve_timing_out_on_a_prefetch_is_a_miss(make_server: Any) -> None:
 
 
 def test_end_session_cancels_queued_reads_and_releases_every_pin(make_server: Any) -> None:
-    server, tier = make_server(max_in_flight=1)
+    server, tier = make_server(max_in_flight=1, retain=True)  # promoted chunks stay to check
     key, keys = _request(server, 4, "r1")
     _put_below_l1(tier, keys)
     server.lookup(key, 1)
@@ -410,3 +414,60 @@ def test_disk_read_error_mid_prefetch_is_a_miss(tmp_path: Path) -> None:
         assert all(torch.equal(g, w) for g, w in zip(_bytes_of(objs), payloads[:2]))
     finally:
         server.close()
+
+
+# -- --l2-prefetch-policy (upstream's default and retain) -------------------------------------
+
+
+def _prefetch_and_end(server: MPCacheServer, tier: GatedTier, n: int) -> list:
+    key, keys = _request(server, n, "r1")
+    _put_below_l1(tier, keys)
+    tier.allow()
+    server.lookup(key, 1)
+    assert server.wait_prefetch_status("r1", 5.0) == n
+    objs = server._get_all(keys)  # the retrieve reads them from L1
+    assert objs is not None
+    for obj in objs:
+        obj.ref_count_down()
+    server.end_session("r1")
+    return keys
+
+
+def test_default_prefetch_policy_drops_prefetched_chunks_from_l1_after_the_session(
+    make_server: Any,
+) -> None:
+    server, tier = make_server(max_in_flight=2)
+    keys = _prefetch_and_end(server, tier, 3)
+    l1 = server.storage.local_cpu_backend
+    assert not any(l1.contains(k) for k in keys)  # temporary: gone with their session
+    assert all(k in tier.data for k in keys)  # the lower tier still has them
+
+
+def test_retain_prefetch_policy_keeps_prefetched_chunks_in_l1(make_server: Any) -> None:
+    server, tier = make_server(max_in_flight=2, retain=True)
+    keys = _prefetch_and_end(server, tier, 3)
+    l1 = server.storage.local_cpu_backend
+    assert all(l1.contains(k) for k in keys)
+    reads = tier.reads
+    key, _ = _request(server, 3, "r2")
+    server.lookup(key, 1)
+    assert server.wait_prefetch_status("r2", 5.0) == 3
+    assert tier.reads == reads  # the second request hit L1: no new lower-tier read
+    server.end_session("r2")
+
+
+def test_default_prefetch_policy_keeps_a_chunk_that_was_in_l1_before(make_server: Any) -> None:
+    server, tier = make_server(max_in_flight=2)
+    key, keys = _request(server, 2, "r1")
+    _put_below_l1(tier, keys)
+    l1 = server.storage.local_cpu_backend
+    resident = l1.allocate(SHAPE, torch.uint8)
+    assert resident is not None
+    l1.batched_submit_put_task([keys[0]], [resident])  # chunk 0 is an L1 hit already
+    resident.ref_count_down()
+    tier.allow()
+    server.lookup(key, 1)
+    assert server.wait_prefetch_status("r1", 5.0) == 2
+    server.end_session("r1")
+    assert l1.contains(keys[0])  # not the prefetcher's to drop
+    assert not l1.contains(keys[1])

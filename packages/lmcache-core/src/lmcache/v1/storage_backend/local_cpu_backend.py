@@ -412,6 +412,16 @@ class LocalCPUBackend(AllocatorBackendInterface):
             obj = self._hot.get(key)
             return obj.unpin() if obj is not None else False
 
+    def remove_unpinned(self, key: CacheEngineKey) -> bool:
+        """Remove ``key`` unless something pins it.  Readers that still reference the
+        object keep its memory until they let go (the tier only drops its reference)."""
+        with self._lock:
+            obj = self._hot.get(key)
+            if obj is None or obj.metadata.pin_count > 0:
+                return False
+            self._drop_locked(key)
+            return True
+
     def remove_object(self, key: CacheEngineKey, obj: MemoryObj) -> bool:
         """Remove ``key`` only while ``obj`` itself is its object and nobody pins or reads
         it (a chunk put here for one reader, e.g. a prefetch, leaves without taking a newer

@@ -260,7 +260,7 @@ class StorageManager(AllocatorBackendInterface):
                 logger.exception("skip_l1: cannot ask the lower tiers about %s", key)
                 continue
             if held_below:
-                self.local_cpu_backend.remove(key, force=False)
+                self.local_cpu_backend.remove_unpinned(key)
 
     def _write_through(
         self,
