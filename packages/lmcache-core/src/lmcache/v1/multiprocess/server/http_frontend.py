@@ -12,8 +12,10 @@ object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
 The operator routes of :mod:`lmcache.v1.multiprocess.server.operator_routes` are mounted too:
 ``GET /env`` (secrets redacted), ``GET /loglevel`` (reading and setting levels of existing
 loggers), ``GET /threads``, ``GET /periodic-threads[/{name}]``, ``GET
-/periodic-threads-health`` and ``POST /run_script`` (only with ``--run-script-api-enabled``);
-with an admin token configured, ``/env``, ``/loglevel`` and ``/run_script`` need it as well.
+/periodic-threads-health``, ``POST /run_script`` (only with ``--run-script-api-enabled``)
+and upstream's runtime reconfiguration routes (``/reconfigure/...``), which answer 501 with
+the reason (:mod:`.operator_routes.reconfigure_api`); with an admin token configured,
+``/env``, ``/loglevel`` and ``/run_script`` need it as well.
 
 Connections are limited (:mod:`.http_limits`): a request head must arrive within
 ``--http-header-timeout-s``, its body within ``--http-body-timeout-s``, and at most
@@ -49,6 +51,7 @@ from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.server.operator_routes import (
     env_api,
     loglevel_api,
+    reconfigure_api,
     run_script_api,
     thread_api,
 )
@@ -70,12 +73,16 @@ ROUTES = (
     "/periodic-threads",
     "/periodic-threads-health",
     "/run_script",
+    "/reconfigure/{backend}/l2/status",
+    "/reconfigure/{backend}/l2/{operation}",
+    "/reconfigure/dax/l1/{status,add,remove}",
 )
 _OPERATOR_ROUTERS = (
     env_api.router,
     loglevel_api.router,
     thread_api.router,
     run_script_api.router,
+    reconfigure_api.router,
 )
 _STOP_TIMEOUT_S = 5.0
 # {"force": true} is 15 bytes; the cap keeps a large body from being read at all.
