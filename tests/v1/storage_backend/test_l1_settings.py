@@ -193,14 +193,15 @@ def test_every_l1_object_starts_at_a_multiple_of_align_bytes(make_l1: Any, align
 
 
 def test_bad_settings_are_refused_naming_the_flag() -> None:
-    for bad, flag in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"eviction_trigger_watermark": 0.0}, "--eviction-trigger-watermark"),
         ({"eviction_trigger_watermark": 1.5}, "--eviction-trigger-watermark"),
         ({"eviction_ratio": -0.1}, "--eviction-ratio"),
         ({"align_bytes": 3000}, "--l1-align-bytes"),
         ({"read_ttl_seconds": 0}, "--l1-read-ttl-seconds"),
         ({"notifier_interval_ms": 0}, "--periodic-notifier-interval-ms"),
-    ]:
+    ]
+    for bad, flag in cases:
         with pytest.raises(ValueError, match=flag):
             L1Settings(**bad).validate()
 
@@ -241,9 +242,7 @@ def test_a_lazy_l1_in_shared_memory_reserves_only_what_it_grew_to(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(allocator_module, "LAZY_GROW_STEP_BYTES", 1024**2)
-    alloc = HostMemoryAllocator(
-        8 * 1024**2, min_block_size=4096, use_shm=True, init_size=1024**2
-    )
+    alloc = HostMemoryAllocator(8 * 1024**2, min_block_size=4096, use_shm=True, init_size=1024**2)
     try:
         assert alloc.shm_name is not None
         path = os.path.join(SHM_DIR, alloc.shm_name)
@@ -281,13 +280,13 @@ def test_hugepages_in_shared_memory_are_refused() -> None:
 def test_hugepages_map_from_the_pool_or_are_refused_with_the_sysctl() -> None:
     free = allocator_module.free_hugepages()
     if not free or free < 2:
-        with pytest.raises(RuntimeError, match="vm.nr_hugepages"):
+        with pytest.raises(RuntimeError, match=r"vm\.nr_hugepages"):
             HostMemoryAllocator(4 * 1024**2, use_hugepages=True)
         return
     with HostMemoryAllocator(4 * 1024**2, use_hugepages=True) as alloc:
         assert alloc.uses_hugepages
         obj = alloc.allocate(torch.Size([OBJ_BYTES]), torch.uint8)
-        assert obj is not None
+        assert obj is not None and obj.tensor is not None
         obj.tensor.fill_(7)
         assert int(obj.tensor.sum()) == 7 * OBJ_BYTES
         alloc.free(obj)
@@ -319,7 +318,8 @@ def test_skip_l1_leaves_a_stored_key_in_the_lower_tier_only(tmp_path: Path) -> N
         assert all(disk.contains(make_key(i)) for i in range(3))
         assert l1.used_bytes == 0  # L1 was only a write buffer
         obj = manager.get_blocking(make_key(1))  # still readable, from the disk tier
-        assert obj is not None and torch.equal(obj.tensor, expected_tensor(1))
+        assert obj is not None and obj.tensor is not None
+        assert torch.equal(obj.tensor, expected_tensor(1))
         obj.ref_count_down()
     finally:
         manager.close()

@@ -215,8 +215,7 @@ def add_storage_manager_args(parser: argparse.ArgumentParser) -> None:
         "--l1-init-size-gb",
         type=positive_float,
         default=20.0,
-        help="L1 usable at start-up with --l1-use-lazy (GiB, capped at --l1-size-gb; "
-        "default 20).",
+        help="L1 usable at start-up with --l1-use-lazy (GiB, capped at --l1-size-gb; default 20).",
     )
     group.add_argument(
         "--l1-align-bytes",

@@ -11,8 +11,9 @@ fixed at start-up: the storage manager's lookup order, write-through and the pre
 are built over one tier list, and swapping a tier under in-flight puts and prefetches is
 not something we can do without losing writes.  So every such route answers
 ``501 Not Implemented`` with the frontend's error shape (``{"error": "not_implemented",
-"message": <why>}``) instead of a bare 404; ``GET /config/adapters`` reports ``"reconfigurable": false`` for
-every tier.  Restart the server with new ``--l2-adapter`` flags to change the tiers.
+"message": <why>}``) instead of a bare 404; ``GET /config/adapters`` reports
+``"reconfigurable": false`` for every tier.  Restart the server with new ``--l2-adapter``
+flags to change the tiers.
 """
 
 from __future__ import annotations
