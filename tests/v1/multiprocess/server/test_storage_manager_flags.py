@@ -200,6 +200,19 @@ def test_the_built_server_carries_the_flags_into_its_storage(built: Any) -> None
     assert server.prefetcher is not None and server.prefetcher.retain
 
 
+def test_status_reports_how_far_a_lazy_l1_grew_and_its_watermark_evictions(built: Any) -> None:
+    server = built("--l1-use-lazy", "--l1-init-size-gb", "0.001")
+    alloc = server.storage.local_cpu_backend.memory_allocator
+    assert alloc.capacity_bytes == int(0.01 * 1024**3) // 4096 * 4096  # whole blocks
+    deadline = time.monotonic() + 10
+    while alloc.usable_bytes < alloc.capacity_bytes:  # grows in the background
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (l1,) = [t for t in server.status()["tiers"] if t["kind"] == "l1"]
+    assert l1["usable_bytes"] == l1["capacity_bytes"]
+    assert l1["watermark_evictions"] == 0
+
+
 def test_a_prepared_store_is_released_after_the_write_ttl(built: Any) -> None:
     server = built("--l1-write-ttl-seconds", "5", "--pending-transfer-timeout-seconds", "60")
     assert server.settings.prepared_store_ttl_seconds == 5

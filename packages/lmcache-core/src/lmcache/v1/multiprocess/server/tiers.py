@@ -71,6 +71,8 @@ def describe_tiers(
         info["evictions"] = counter.evictions if counter is not None else None
         if kind == "disk":
             info["path"] = backend.path
+        if kind == "l1":
+            info.update(_l1_memory(backend))
         errors = getattr(backend, "errors", None)
         if isinstance(errors, int):
             info["errors"] = errors
@@ -82,6 +84,19 @@ def describe_tiers(
             info["misses"] = int(remote.get("misses", 0))
         tiers.append(info)
     return tiers
+
+
+def _l1_memory(l1: Any) -> dict[str, Any]:
+    """What upstream's storage-manager flags change in L1: the part a lazy L1 has grown to
+    (``usable_bytes``) and the objects the watermark notifier evicted."""
+    info: dict[str, Any] = {}
+    usable = getattr(l1.memory_allocator, "usable_bytes", None)
+    if isinstance(usable, int):
+        info["usable_bytes"] = usable
+    watermark = getattr(l1, "watermark_evictions", None)
+    if isinstance(watermark, int):
+        info["watermark_evictions"] = watermark
+    return info
 
 
 def tier_problems(storage: StorageManager) -> list[str]:
