@@ -300,7 +300,8 @@ def add_storage_manager_args(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=5,
         help="How often L1's eviction notifier checks usage against the watermark (ms, "
-        "default 5); a put that crosses it wakes the notifier at once.",
+        "default 5); a put that crosses it wakes the notifier at once. (Upstream's is the "
+        "re-poll heartbeat of adapters without a completion signal; no tier here needs one.)",
     )
 
 
