@@ -144,6 +144,19 @@ def test_a_fresh_pin_renews_the_read_ttl(make_l1: Any) -> None:
     assert l1.contains(make_key(0)) and not l1.contains(make_key(2))
 
 
+def test_a_pin_after_expiry_starts_over_at_one_holder(make_l1: Any) -> None:
+    l1 = make_l1(read_ttl_seconds=0.2, eviction_trigger_watermark=1.0)
+    _store(l1, 0)
+    assert l1.contains(make_key(0), pin=True)  # a holder that never unpins
+    time.sleep(0.25)
+    assert l1.pin(make_key(0))  # upstream's TTL lock: the expired holder is forgotten
+    assert l1.unpin(make_key(0))
+    obj = l1.get_blocking(make_key(0))
+    assert obj is not None
+    assert obj.metadata.pin_count == 0
+    obj.ref_count_down()
+
+
 def test_an_object_still_read_is_never_taken_even_with_an_expired_pin(make_l1: Any) -> None:
     l1 = make_l1(policy="FIFO", **TTL_L1)  # FIFO: the read leaves key 0 first in line
     _full_with_key0_pinned(l1)

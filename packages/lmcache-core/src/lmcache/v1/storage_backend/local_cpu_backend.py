@@ -198,6 +198,18 @@ class LocalCPUBackend(AllocatorBackendInterface):
         if self._read_ttl is not None:
             self._pinned_at[key] = time.monotonic()
 
+    def _pin_locked(self, key: CacheEngineKey, obj: MemoryObj) -> bool:
+        """Pin under the tier's lock.  With a read TTL a pin taken after the last one
+        expired starts over at one holder, as upstream's TTL lock does: holders that never
+        unpinned are forgotten, so the new holder's unpin makes the object evictable."""
+        if self._read_ttl is not None:
+            now = time.monotonic()
+            last = self._pinned_at.get(key)
+            if last is not None and now - last >= self._read_ttl:
+                obj.metadata.pin_count = 0
+            self._pinned_at[key] = now
+        return obj.pin()
+
     # -- watermark eviction (L1Settings) ------------------------------------------------------
 
     def _start_notifier(self) -> None:
@@ -296,8 +308,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
             if obj is None:
                 return False
             if pin:
-                obj.pin()
-                self._note_pinned(key)
+                self._pin_locked(key, obj)
             return True
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
@@ -309,8 +320,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
                 if obj is None:
                     break
                 if pin:
-                    obj.pin()
-                    self._note_pinned(key)
+                    self._pin_locked(key, obj)
                 hits += 1
         return hits
 
@@ -404,8 +414,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
             obj = self._hot.get(key)
             if obj is None:
                 return False
-            self._note_pinned(key)
-            return obj.pin()
+            return self._pin_locked(key, obj)
 
     def unpin(self, key: CacheEngineKey) -> bool:
         with self._lock:
