@@ -25,7 +25,34 @@ from lmcache.v1.config.parsing import (
     ratio,
 )
 
-CACHE_POLICIES = ("LRU", "FIFO", "LFU", "MRU")
+CACHE_POLICIES = ("LRU", "FIFO", "LFU", "MRU", "ARC", "IsolatedLRU", "noop")
+"""Eviction policy names as spelled in docs and ``--eviction-policy`` (upstream's four:
+LRU, ARC, IsolatedLRU, noop; plus our FIFO, LFU, MRU); any case is accepted."""
+_POLICY_BY_FOLDED = {name.casefold(): name for name in CACHE_POLICIES}
+
+
+def canonical_cache_policy(name: str) -> str:
+    """The canonical spelling of an eviction policy name given in any case.
+
+    Raises:
+        ValueError: ``name`` names no policy (the message lists them).
+    """
+    try:
+        return _POLICY_BY_FOLDED[str(name).casefold()]
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of {', '.join(CACHE_POLICIES)}"
+        ) from None
+
+
+def _known_cache_policy(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        canonical_cache_policy(str(value))
+    except ValueError as exc:
+        return str(exc)
+    return None
 REMOTE_SERDES = ("naive", "cachegen", "kivi")
 
 KEYS: dict[str, KeySpec] = {
@@ -41,7 +68,7 @@ KEYS: dict[str, KeySpec] = {
     "remote_serde": KeySpec(parse_str, one_of(REMOTE_SERDES)),
     "save_unfull_chunk": KeySpec(parse_bool),
     "blocking_timeout_secs": KeySpec(parse_int, positive),
-    "cache_policy": KeySpec(parse_str, one_of(CACHE_POLICIES, case_insensitive=True)),
+    "cache_policy": KeySpec(parse_str, _known_cache_policy),
     "storage_plugins": KeySpec(optional(parse_str_list)),
     "remote_storage_plugins": KeySpec(optional(parse_str_list)),
     "extra_config": KeySpec(optional(parse_dict)),

@@ -12,8 +12,8 @@ from lmcache.v1.multiprocess.flag_types import (
     positive_float,
     positive_int,
     tcp_port,
+    eviction_policy_name,
     tcp_port_or_off,
-    upper_case,
     usable_directory,
 )
 from lmcache.v1.multiprocess.runtime_plugins.settings import add_runtime_plugin_args
@@ -124,8 +124,13 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--eviction-policy",
         choices=list(CACHE_POLICIES),
         default="LRU",
-        type=upper_case,
-        help="L1 eviction policy (default LRU).",
+        type=eviction_policy_name,
+        help="Eviction policy of L1 and the disk tier, any case (default LRU, as upstream "
+        "when the flag is left out). ARC adapts between recent and reused chunks and "
+        "resists scans; IsolatedLRU is LRU per cache_salt, evicting tenants over their "
+        "quota (PUT /quota/{cache_salt}; a tenant without one counts as over) first and "
+        "only their own chunks; noop never evicts (a full tier refuses new chunks); "
+        "FIFO, LFU and MRU are ours.",
     )
     storage.add_argument(
         "--l2-disk-path",

@@ -26,6 +26,7 @@ from lmcache.v1.memory.base import MemoryAllocatorInterface, MemoryObj
 from lmcache.v1.memory.format import MemoryFormat, normalize_shapes_dtypes, part_offsets
 from lmcache.v1.storage_backend.abstract_backend import AllocatorBackendInterface
 from lmcache.v1.storage_backend.cache_policy import get_cache_policy
+from lmcache.v1.storage_backend.quota import QuotaManager, SaltUsage
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class LocalCPUBackend(AllocatorBackendInterface):
     over shared memory; otherwise one of ``config.max_local_cpu_size`` GB is created, in
     shared memory when ``shm_name`` (or ``extra_config["local_cpu.shm_name"]``) is given.
     With ``config.local_cpu`` false the backend only allocates and stores nothing.
+    ``quota_manager`` is the tenants' quota registry (shared by the tiers; a private one
+    when not given); :attr:`salt_usage` counts this tier's bytes per tenant.
     """
 
     def __init__(
@@ -48,6 +51,8 @@ class LocalCPUBackend(AllocatorBackendInterface):
         dst_device: str = "cpu",
         memory_allocator: MemoryAllocatorInterface | None = None,
         shm_name: str | None = None,
+        *,
+        quota_manager: QuotaManager | None = None,
     ) -> None:
         super().__init__(dst_device=dst_device)
         self.config = config if config is not None else LMCacheEngineConfig()
@@ -61,7 +66,11 @@ class LocalCPUBackend(AllocatorBackendInterface):
             else self.initialize_allocator(self.config, metadata)
         )
         self._hot: dict[CacheEngineKey, MemoryObj] = {}
-        self._policy = get_cache_policy(self.config.cache_policy)
+        self.quota_manager = quota_manager if quota_manager is not None else QuotaManager()
+        self.salt_usage = SaltUsage()
+        self._policy = get_cache_policy(
+            self.config.cache_policy, quotas=self.quota_manager, usage=self.salt_usage
+        )
         self._evictions = 0
         self._lock = threading.Lock()
         self._timeout_s = float(self.config.blocking_timeout_secs)
@@ -109,8 +118,9 @@ class LocalCPUBackend(AllocatorBackendInterface):
             if obj is not None:
                 return obj
             remaining = deadline - time.monotonic()
-            if not busy_loop or remaining <= 0 or self._closed:
-                if busy_loop:
+            # A policy that never evicts (noop) refuses at once: waiting would only stall.
+            if not busy_loop or remaining <= 0 or self._closed or not self._policy.evicts:
+                if busy_loop and self._policy.evicts:
                     logger.warning(
                         "no evictable memory for %d bytes after %.1fs (pinned or in use)",
                         nbytes,
@@ -135,7 +145,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
                 if not victims:
                     return None
                 for key in victims:
-                    self._drop_locked(key)
+                    self._drop_locked(key, evicted=True)
                 self._evictions += len(victims)
 
     def _pick_victims(self, nbytes: int) -> list[CacheEngineKey]:
@@ -150,9 +160,13 @@ class LocalCPUBackend(AllocatorBackendInterface):
                     break
         return victims
 
-    def _drop_locked(self, key: CacheEngineKey) -> MemoryObj:
+    def _drop_locked(self, key: CacheEngineKey, evicted: bool = False) -> MemoryObj:
         obj = self._hot.pop(key)
-        self._policy.on_remove(key)
+        self.salt_usage.remove(key)
+        if evicted:
+            self._policy.on_evict(key)
+        else:
+            self._policy.on_remove(key)
         obj.ref_count_down()
         self._notify_residency(key, False)
         return obj
@@ -258,6 +272,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
             if not owned:
                 obj.ref_count_up()
             self._hot[key] = obj
+            self.salt_usage.add(key, obj.get_physical_size())
             self._policy.on_put(key)
             self._notify_residency(key, True)
 

@@ -15,7 +15,12 @@ class BaseCachePolicy(abc.ABC, Generic[K]):
     Not thread-safe: the owning tier calls it under its own lock.  The tier skips
     candidates it cannot evict (pinned, in use), which is why the policy yields an
     iterator instead of a single victim.
+
+    ``evicts`` is False for a policy that never gives up keys (``noop``): a full tier
+    with it refuses new data at once instead of waiting for room.
     """
+
+    evicts: bool = True
 
     @abc.abstractmethod
     def on_put(self, key: K) -> None:
@@ -28,6 +33,14 @@ class BaseCachePolicy(abc.ABC, Generic[K]):
     @abc.abstractmethod
     def on_remove(self, key: K) -> None:
         """``key`` left the tier (evicted or removed); unknown keys are ignored."""
+
+    def on_evict(self, key: K) -> None:
+        """``key`` was dropped to make room (a victim of :meth:`candidates`).
+
+        Policies that learn from their own evictions (ARC's ghost lists) tell this apart
+        from an explicit removal; the others treat both alike.
+        """
+        self.on_remove(key)
 
     @abc.abstractmethod
     def candidates(self) -> Iterator[K]:
