@@ -12,8 +12,9 @@ object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
 The operator routes of :mod:`lmcache.v1.multiprocess.server.operator_routes` are mounted too:
 ``GET /env`` (secrets redacted), ``GET /loglevel`` (reading and setting levels of existing
 loggers), ``GET /threads``, ``GET /periodic-threads[/{name}]``, ``GET
-/periodic-threads-health`` and ``POST /run_script`` (only with ``--run-script-api-enabled``);
-with an admin token configured, ``/env``, ``/loglevel`` and ``/run_script`` need it as well.
+/periodic-threads-health``, ``POST /run_script`` (only with ``--run-script-api-enabled``) and
+the tenant quotas ``GET /quota`` and ``GET|PUT|DELETE /quota/{cache_salt}``; with an admin
+token configured, ``/env``, ``/loglevel``, ``/run_script`` and ``/quota`` need it as well.
 
 Connections are limited (:mod:`.http_limits`): a request head must arrive within
 ``--http-header-timeout-s``, its body within ``--http-body-timeout-s``, and at most
@@ -49,6 +50,7 @@ from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.server.operator_routes import (
     env_api,
     loglevel_api,
+    quota_api,
     run_script_api,
     thread_api,
 )
@@ -70,12 +72,15 @@ ROUTES = (
     "/periodic-threads",
     "/periodic-threads-health",
     "/run_script",
+    "/quota",
+    "/quota/{cache_salt}",
 )
 _OPERATOR_ROUTERS = (
     env_api.router,
     loglevel_api.router,
     thread_api.router,
     run_script_api.router,
+    quota_api.router,
 )
 _STOP_TIMEOUT_S = 5.0
 # {"force": true} is 15 bytes; the cap keeps a large body from being read at all.
@@ -255,6 +260,7 @@ def build_app(
     # What the operator routes read (operator_routes.access).
     app.state.configs = {} if engine.server_config is None else {"mp": engine.server_config}
     app.state.authorize = lambda request: _unauthorized(engine, request)
+    app.state.storage_manager = engine.storage
     for router in (*_OPERATOR_ROUTERS, *extension_http_routers()):
         app.include_router(router)
     return app
