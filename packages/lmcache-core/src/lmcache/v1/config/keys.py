@@ -113,7 +113,10 @@ IMPLEMENTED_KEYS: dict[str, str] = {
     "max_local_disk_size": "size of the disk tier (0: off)",
     "remote_url": "redis:// or rediss:// URL of the Redis tier",
     "blocking_timeout_secs": "how long an L1 allocation waits for eviction to free space",
-    "cache_policy": "L1 eviction policy",
+    "cache_policy": (
+        "eviction policy of L1 and the disk tier (LRU, FIFO, LFU, MRU, ARC, IsolatedLRU, "
+        "noop; any case)"
+    ),
     "storage_plugins": "storage plugin tiers to load",
     "extra_config": "options of tiers and plugins (local_cpu.*, local_disk.*, storage_plugin.*)",
     "pin_timeout_sec": "PinMonitor.GetOrCreate(config): seconds an object may stay pinned",

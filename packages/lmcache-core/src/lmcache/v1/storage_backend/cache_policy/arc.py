@@ -93,16 +93,20 @@ class ARCCachePolicy(BaseCachePolicy[Hashable]):
     # -- victims --------------------------------------------------------------------------
 
     def candidates(self) -> Iterator[Hashable]:
-        """ARC's REPLACE, repeated: the LRU end of ``T1`` while ``T1`` is at or above its
-        target size, else of ``T2``; either list once the other runs out.
+        """ARC's REPLACE, repeated: the LRU end of ``T1`` while ``T1`` holds at least
+        ``int(p)`` keys, else of ``T2``; either list once the other runs out.
 
-        The count of ``T1`` keys still ahead drops with every ``T1`` key yielded (taken
-        by the tier or skipped as pinned), so a long victim run alternates as ARC would.
+        The tier evicts after the write, not for one incoming key, so the paper's tie
+        rule (which looks at where the incoming key was) cannot apply; a tie goes to
+        ``T1``, as in upstream's and vLLM's ARC.  The count of ``T1`` keys still ahead
+        drops with every ``T1`` key yielded (taken by the tier or skipped as pinned), so
+        a long victim run alternates as ARC would.
         """
         t1, t2 = iter(self._t1), iter(self._t2)
         t1_left, t2_left = len(self._t1), len(self._t2)
+        target = int(self._target_t1)
         while t1_left or t2_left:
-            from_t1 = t1_left > 0 and (t1_left >= self._target_t1 or t2_left == 0)
+            from_t1 = t1_left > 0 and (t1_left >= target or t2_left == 0)
             if from_t1:
                 t1_left -= 1
                 yield next(t1)
@@ -114,6 +118,11 @@ class ARCCachePolicy(BaseCachePolicy[Hashable]):
 
     def __len__(self) -> int:
         return len(self._t1) + len(self._t2)
+
+    @property
+    def capacity(self) -> int:
+        """ARC's ``c``: the entry count the ghost lists are bounded by."""
+        return self._capacity
 
     @property
     def target_t1_size(self) -> float:
