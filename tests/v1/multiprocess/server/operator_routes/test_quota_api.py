@@ -133,7 +133,10 @@ def test_oversized_body_and_overlong_salt_are_refused(
 ) -> None:
     big = b'{"limit_gb": 1' + b" " * MAX_QUOTA_BODY_BYTES + b"}"
     assert client.put("/quota/a", content=big, headers=_bearer()).status_code == 413
-    assert client.put("/quota/" + "s" * 129, json={"limit_gb": 1}, headers=_bearer()).status_code == 400
+    assert (
+        client.put("/quota/" + "s" * 129, json={"limit_gb": 1}, headers=_bearer()).status_code
+        == 400
+    )
     assert engine.storage.quota_manager.list_quotas() == []
 
 

@@ -28,6 +28,7 @@ from lmcache.v1.config.parsing import (
 CACHE_POLICIES = ("LRU", "FIFO", "LFU", "MRU", "ARC", "IsolatedLRU", "noop")
 """Eviction policy names as spelled in docs and ``--eviction-policy`` (upstream's four:
 LRU, ARC, IsolatedLRU, noop; plus our FIFO, LFU, MRU); any case is accepted."""
+REMOTE_SERDES = ("naive", "cachegen", "kivi")
 _POLICY_BY_FOLDED = {name.casefold(): name for name in CACHE_POLICIES}
 
 
@@ -53,7 +54,7 @@ def _known_cache_policy(value: object) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
-REMOTE_SERDES = ("naive", "cachegen", "kivi")
+
 
 KEYS: dict[str, KeySpec] = {
     "chunk_size": KeySpec(parse_int, positive),

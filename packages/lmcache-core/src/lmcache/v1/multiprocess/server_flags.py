@@ -7,12 +7,12 @@ import argparse
 from lmcache.v1.config import CACHE_POLICIES
 from lmcache.v1.multiprocess.config_file import track_explicit_flags
 from lmcache.v1.multiprocess.flag_types import (
+    eviction_policy_name,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
     tcp_port,
-    eviction_policy_name,
     tcp_port_or_off,
     usable_directory,
 )

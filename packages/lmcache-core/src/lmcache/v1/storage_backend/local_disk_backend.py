@@ -57,7 +57,6 @@ from lmcache.v1.storage_backend.abstract_backend import (
     StorageBackendInterface,
 )
 from lmcache.v1.storage_backend.cache_policy import get_cache_policy
-from lmcache.v1.storage_backend.quota import QuotaManager, SaltUsage
 from lmcache.v1.storage_backend.chunk_format import (
     CHECKSUM_CRC32,
     CHECKSUM_NAMES,
@@ -99,6 +98,7 @@ from lmcache.v1.storage_backend.disk_folder import (
 )
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.put_tasks import PutTasks
+from lmcache.v1.storage_backend.quota import QuotaManager, SaltUsage
 
 __all__ = [
     "CHECKSUM_CRC32",

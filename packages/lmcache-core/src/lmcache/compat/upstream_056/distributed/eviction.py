@@ -51,6 +51,7 @@ class EvictionPolicy(abc.ABC):
 
     def restore(self, state: Mapping[str, object]) -> None:
         """Load a :meth:`capture` value (nothing by default)."""
+        return None
 
     @abc.abstractmethod
     def register_eviction_destination(self, destination: EvictionDestination) -> None: ...

@@ -154,7 +154,9 @@ class AdminOps(WorkerRegistry, LookupOps):
             "pinned_objects": self.pinned_objects(),
             "healthy": not self.health_problems(),
             "salt_usage": self.storage.usage_bytes_by_tier(),
-            "quotas": {q.cache_salt: q.limit_bytes for q in self.storage.quota_manager.list_quotas()},
+            "quotas": {
+                q.cache_salt: q.limit_bytes for q in self.storage.quota_manager.list_quotas()
+            },
         }
 
     def status(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from lmcache.compat.upstream_056.distributed.eviction import EvictionDestination
 from lmcache.compat.upstream_056.distributed.eviction_policy.adapter import ProductPolicyAdapter
-from lmcache.compat.upstream_056.mp_coordinator.utils.encoding import decode_key, encode_key
+from lmcache.compat.upstream_056.distributed.key_encoding import decode_key, encode_key
 from lmcache.v1.storage_backend.cache_policy import IsolatedLRUCachePolicy
 
 
