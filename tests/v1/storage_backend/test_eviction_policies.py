@@ -33,7 +33,7 @@ from lmcache.v1.storage_backend.cache_policy import (
 from lmcache.v1.storage_backend.cache_salt import configs_with_salt, salt_of
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
-from lmcache.v1.storage_backend.quota import QuotaManager
+from lmcache.v1.storage_backend.quota import QuotaManager, SaltUsage
 
 SLOT = 4096  # one test object (conftest.OBJ_SHAPE of half)
 SALTS = ("", "alice", "bob")
@@ -361,3 +361,20 @@ def test_disk_tier_shares_l1_quotas_and_counts_per_salt(tmp_path: Path) -> None:
     finally:
         disk.close()
         cpu.close()
+
+
+def test_isolated_lru_takes_each_over_quota_tenant_only_down_to_its_limit() -> None:
+    quotas, usage = QuotaManager(), SaltUsage()
+    policy = IsolatedLRUCachePolicy(quotas, usage)
+    quotas.set_quota("alice", 2 * SLOT)
+    quotas.set_quota("bob", 8 * SLOT)
+    keys = [salted_key(i, "alice") for i in range(3)]  # alice: one chunk over
+    keys += [salted_key(10, "carol")]  # carol: no quota, one chunk over
+    keys += [salted_key(20 + i, "bob") for i in range(3)]  # bob: within his quota
+    for key in keys:
+        usage.add(key, SLOT)
+        policy.on_put(key)
+    order = list(policy.candidates())
+    # Alice gives up one chunk (her oldest), carol hers; only then plain LRU of the rest.
+    assert set(order[:2]) == {salted_key(0, "alice"), salted_key(10, "carol")}
+    assert order[2:] == [salted_key(1, "alice"), salted_key(2, "alice"), *keys[4:]]
