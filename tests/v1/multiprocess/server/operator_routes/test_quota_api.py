@@ -65,11 +65,14 @@ def test_crud_round_trip_with_upstreams_bodies(engine: MPCacheServer, client: Te
     assert got["current_usage_gb"] == pytest.approx(4096 / GIB)
     assert got["usage_bytes_by_tier"] == {"LocalCPUBackend": 4096}
 
+    milli = client.put("/quota/carol", json={"limit_gb": 0.001}, headers=_bearer()).json()
+    assert milli["limit_gb"] == 0.001  # echoed as given, as upstream
+    assert engine.storage.quota_manager.get_limit_bytes("carol") == int(0.001 * GIB)
     assert client.put("/quota/bob", json={"limit_bytes": 12345}, headers=_bearer()).json()[
         "limit_gb"
     ] == pytest.approx(12345 / GIB)
     listed = client.get("/quota", headers=_bearer()).json()
-    assert set(listed["users"]) == {"alice", "bob"}
+    assert set(listed["users"]) == {"alice", "bob", "carol"}
     assert listed["users"]["alice"]["current_usage_gb"] == pytest.approx(4096 / GIB)
 
     gone = client.delete("/quota/alice", headers=_bearer()).json()

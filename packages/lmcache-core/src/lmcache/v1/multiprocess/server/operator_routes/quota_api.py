@@ -85,8 +85,9 @@ def _guard(request: Request, cache_salt: str | None = None) -> Any:
     return _storage(request)
 
 
-async def _read_limit(request: Request) -> int | JSONResponse:
-    """The limit in bytes from ``{"limit_gb": x}`` or ``{"limit_bytes": n}``, or the 4xx."""
+async def _read_limit(request: Request) -> tuple[int, float] | JSONResponse:
+    """(limit in bytes, limit in GiB as answered) from ``{"limit_gb": x}`` (x echoed, as
+    upstream) or ``{"limit_bytes": n}``, or the 4xx reply."""
     body = bytearray()
     try:
         async for chunk in request.stream():
@@ -106,13 +107,13 @@ async def _read_limit(request: Request) -> int | JSONResponse:
     if parsed.limit_bytes is not None:
         if parsed.limit_bytes < 0:
             return _error(400, "bad_request", "limit_bytes must be non-negative")
-        return parsed.limit_bytes
+        return parsed.limit_bytes, parsed.limit_bytes / _GIB
     limit_gb = float(parsed.limit_gb)  # type: ignore[arg-type]
     if not math.isfinite(limit_gb):
         return _error(400, "bad_request", "limit_gb must be finite")
     if limit_gb < 0:
         return _error(400, "bad_request", "limit_gb must be non-negative")
-    return int(limit_gb * _GIB)
+    return int(limit_gb * _GIB), limit_gb
 
 
 @router.put("/quota/{cache_salt}")
@@ -121,12 +122,13 @@ async def set_quota(cache_salt: str, request: Request) -> Any:
     storage = _guard(request, cache_salt)
     if isinstance(storage, Response):
         return storage
-    limit_bytes = await _read_limit(request)
-    if isinstance(limit_bytes, Response):
-        return limit_bytes
+    limit = await _read_limit(request)
+    if isinstance(limit, Response):
+        return limit
+    limit_bytes, limit_gb = limit
     salt = _unescape(cache_salt)
     storage.quota_manager.set_quota(salt, limit_bytes)
-    return {"cache_salt": _escape(salt), "limit_gb": limit_bytes / _GIB, "status": "ok"}
+    return {"cache_salt": _escape(salt), "limit_gb": limit_gb, "status": "ok"}
 
 
 @router.get("/quota/{cache_salt}")
