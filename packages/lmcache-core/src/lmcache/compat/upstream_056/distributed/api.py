@@ -1,8 +1,7 @@
 """Upstream's ``lmcache.v1.distributed.api``: the storage API's key type.
 
-Only :class:`ObjectKey` is here: the key upstream's eviction policies and quota tests
-speak in.  The L2 adapter interface work provides the same type as product code; when
-both are present, this module re-exports that one.
+Only :class:`ObjectKey` is here, with the fields and helpers that upstream's eviction
+policies and their tests use (the key's tenant is its ``cache_salt`` field).
 """
 
 from __future__ import annotations
