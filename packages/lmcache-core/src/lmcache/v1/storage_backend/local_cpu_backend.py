@@ -5,7 +5,9 @@ on put.  Eviction follows the configured policy but never touches an object that
 pinned or still referenced by a reader (``MemoryObj.can_evict``); the tier counts its
 evictions (:attr:`LocalCPUBackend.evictions`).  When nothing can be
 evicted, ``allocate(..., busy_loop=True)`` sleeps on the allocator's free notification
-(re-checking at least every 50 ms for unpins) until ``blocking_timeout_secs`` runs out.
+(re-checking at least every 50 ms for unpins) until ``blocking_timeout_secs`` runs out;
+under ``noop``, which never evicts, it returns ``None`` at once.  The tier counts its bytes
+per tenant (:attr:`LocalCPUBackend.salt_usage`) for quotas and ``IsolatedLRU``.
 """
 
 from __future__ import annotations
