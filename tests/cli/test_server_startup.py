@@ -299,3 +299,17 @@ def test_config_file_list_and_mapping_values(tmp_path: Path) -> None:
     config.write_text("runtime-plugin-config: [1, 2]\n")
     with pytest.raises(ValueError, match=r"--runtime-plugin-config .*expected a single value"):
         resolve_config(_parse("--config", str(config)))
+
+
+@pytest.mark.parametrize(
+    ("given", "policy"),
+    [("arc", "ARC"), ("ISOLATEDLRU", "IsolatedLRU"), ("NoOp", "noop"), ("lfu", "LFU")],
+)
+def test_eviction_policy_takes_upstreams_names_in_any_case(given: str, policy: str) -> None:
+    assert resolve_config(_parse("--eviction-policy", given)).eviction_policy == policy
+
+
+def test_eviction_policy_from_a_config_file_is_canonical(tmp_path: Path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text("eviction_policy: isolatedlru\n")
+    assert resolve_config(_parse("--config", str(config))).eviction_policy == "IsolatedLRU"

@@ -37,6 +37,8 @@ _MP = "lmcache.v1.multiprocess"
 UPSTREAM_PATHS: Mapping[str, str] = {
     "lmcache.lmcache_native": f"{_C}.lmcache_native",
     "lmcache.observability": f"{_C}.observability",
+    "lmcache.v1.distributed": f"{_C}.distributed",
+    "lmcache.v1.distributed.quota_manager": "lmcache.v1.storage_backend.quota",
     "lmcache.v1.exceptions": f"{_C}.exceptions",
     "lmcache.v1.gpu_connector": f"{_C}.gpu_connector",
     "lmcache.v1.internal_api_server": f"{_C}.internal_api_server",
@@ -45,6 +47,7 @@ UPSTREAM_PATHS: Mapping[str, str] = {
         f"{_C}.http_apis.periodic_thread_api"
     ),
     "lmcache.v1.memory_allocators": f"{_C}.memory_allocators",
+    "lmcache.v1.mp_coordinator": f"{_C}.mp_coordinator",
     "lmcache.v1.periodic_thread": f"{_C}.periodic_thread",
     "lmcache.v1.pin_monitor": f"{_C}.pin_monitor",
     "lmcache.v1.platform.devices": f"{_C}.devices",

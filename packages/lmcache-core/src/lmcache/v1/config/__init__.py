@@ -31,6 +31,7 @@ from lmcache.v1.config.keys import (
     NO_EFFECT_HINTS,
     REMOTE_SERDES,
     UPSTREAM_UNUSED_KEYS,
+    canonical_cache_policy,
 )
 from lmcache.v1.config.metadata import LMCacheMetadata
 from lmcache.v1.config.validation import (
@@ -46,6 +47,7 @@ from lmcache.v1.config.validation import (
 
 __all__ = [
     "CACHE_POLICIES",
+    "canonical_cache_policy",
     "CONFIG_FILE_ENV",
     "ENV_PREFIX",
     "IMPLEMENTED_KEYS",

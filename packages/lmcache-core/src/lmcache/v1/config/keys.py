@@ -25,8 +25,36 @@ from lmcache.v1.config.parsing import (
     ratio,
 )
 
-CACHE_POLICIES = ("LRU", "FIFO", "LFU", "MRU")
+CACHE_POLICIES = ("LRU", "FIFO", "LFU", "MRU", "ARC", "IsolatedLRU", "noop")
+"""Eviction policy names as spelled in docs and ``--eviction-policy`` (upstream's four:
+LRU, ARC, IsolatedLRU, noop; plus our FIFO, LFU, MRU); any case is accepted."""
 REMOTE_SERDES = ("naive", "cachegen", "kivi")
+_POLICY_BY_FOLDED = {name.casefold(): name for name in CACHE_POLICIES}
+
+
+def canonical_cache_policy(name: str) -> str:
+    """The canonical spelling of an eviction policy name given in any case.
+
+    Raises:
+        ValueError: ``name`` names no policy (the message lists them).
+    """
+    try:
+        return _POLICY_BY_FOLDED[str(name).casefold()]
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of {', '.join(CACHE_POLICIES)}"
+        ) from None
+
+
+def _known_cache_policy(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        canonical_cache_policy(str(value))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
 
 KEYS: dict[str, KeySpec] = {
     "chunk_size": KeySpec(parse_int, positive),
@@ -41,7 +69,7 @@ KEYS: dict[str, KeySpec] = {
     "remote_serde": KeySpec(parse_str, one_of(REMOTE_SERDES)),
     "save_unfull_chunk": KeySpec(parse_bool),
     "blocking_timeout_secs": KeySpec(parse_int, positive),
-    "cache_policy": KeySpec(parse_str, one_of(CACHE_POLICIES, case_insensitive=True)),
+    "cache_policy": KeySpec(parse_str, _known_cache_policy),
     "storage_plugins": KeySpec(optional(parse_str_list)),
     "remote_storage_plugins": KeySpec(optional(parse_str_list)),
     "extra_config": KeySpec(optional(parse_dict)),
@@ -86,7 +114,10 @@ IMPLEMENTED_KEYS: dict[str, str] = {
     "max_local_disk_size": "size of the disk tier (0: off)",
     "remote_url": "redis:// or rediss:// URL of the Redis tier",
     "blocking_timeout_secs": "how long an L1 allocation waits for eviction to free space",
-    "cache_policy": "L1 eviction policy",
+    "cache_policy": (
+        "eviction policy of L1 and the disk tier (LRU, FIFO, LFU, MRU, ARC, IsolatedLRU, "
+        "noop; any case)"
+    ),
     "storage_plugins": "storage plugin tiers to load",
     "extra_config": "options of tiers and plugins (local_cpu.*, local_disk.*, storage_plugin.*)",
     "pin_timeout_sec": "PinMonitor.GetOrCreate(config): seconds an object may stay pinned",

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from lmcache.v1.config.keys import IMPLEMENTED_KEYS, KEYS, NO_EFFECT_HINTS
+from lmcache.v1.config.keys import IMPLEMENTED_KEYS, KEYS, NO_EFFECT_HINTS, canonical_cache_policy
 
 ENV_PREFIX = "LMCACHE_"
 CONFIG_FILE_ENV = "LMCACHE_CONFIG_FILE"
@@ -62,7 +62,7 @@ def convert_value(key: str, raw: Any, source: str, from_env: bool) -> Any:
             f"invalid value for config key {key!r}{describe_source(source)}: {raw!r} ({reason})"
         )
     if key == "cache_policy":
-        value = value.upper()
+        value = canonical_cache_policy(value)
     return value
 
 

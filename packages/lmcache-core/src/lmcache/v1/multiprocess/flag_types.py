@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lmcache.v1.config.keys import canonical_cache_policy
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -112,3 +114,13 @@ def usable_directory(text: str) -> str:
 
 def upper_case(text: str) -> str:
     return str(text).upper()
+
+
+def eviction_policy_name(text: str) -> str:
+    """A policy name in any case, as its canonical spelling (``arc`` -> ``ARC``,
+    ``isolatedlru`` -> ``IsolatedLRU``); an unknown name is returned as given so that
+    argparse's ``choices`` check names the valid ones."""
+    try:
+        return canonical_cache_policy(text)
+    except ValueError:
+        return str(text)

@@ -7,6 +7,7 @@ import argparse
 from lmcache.v1.config import CACHE_POLICIES
 from lmcache.v1.multiprocess.config_file import track_explicit_flags
 from lmcache.v1.multiprocess.flag_types import (
+    eviction_policy_name,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -15,7 +16,6 @@ from lmcache.v1.multiprocess.flag_types import (
     tcp_port,
     tcp_port_or_off,
     unit_fraction,
-    upper_case,
     usable_directory,
 )
 from lmcache.v1.multiprocess.runtime_plugins.settings import add_runtime_plugin_args
@@ -127,8 +127,13 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--eviction-policy",
         choices=list(CACHE_POLICIES),
         default="LRU",
-        type=upper_case,
-        help="L1 eviction policy (default LRU).",
+        type=eviction_policy_name,
+        help="Eviction policy of L1 and the disk tier, any case (default LRU, as upstream "
+        "when the flag is left out). ARC adapts between recent and reused chunks and "
+        "resists scans; IsolatedLRU is LRU per cache_salt, evicting tenants over their "
+        "quota (PUT /quota/{cache_salt}; a tenant without one counts as over) first and "
+        "only their own chunks; noop never evicts (a full tier refuses new chunks); "
+        "FIFO, LFU and MRU are ours.",
     )
     storage.add_argument(
         "--l2-disk-path",

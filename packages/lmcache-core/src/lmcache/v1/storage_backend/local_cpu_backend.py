@@ -5,7 +5,9 @@ on put.  Eviction follows the configured policy but never touches an object that
 pinned or still referenced by a reader (``MemoryObj.can_evict``); the tier counts its
 evictions (:attr:`LocalCPUBackend.evictions`).  When nothing can be
 evicted, ``allocate(..., busy_loop=True)`` sleeps on the allocator's free notification
-(re-checking at least every 50 ms for unpins) until ``blocking_timeout_secs`` runs out.
+(re-checking at least every 50 ms for unpins) until ``blocking_timeout_secs`` runs out;
+under ``noop``, which never evicts, it returns ``None`` at once.  The tier counts its bytes
+per tenant (:attr:`LocalCPUBackend.salt_usage`) for quotas and ``IsolatedLRU``.
 
 With :class:`~lmcache.v1.storage_backend.l1_settings.L1Settings` (the cache server passes
 upstream's storage-manager flags) L1 also evicts ahead of need, as upstream's L1 eviction
@@ -35,6 +37,7 @@ from lmcache.v1.memory.format import MemoryFormat, normalize_shapes_dtypes, part
 from lmcache.v1.storage_backend.abstract_backend import AllocatorBackendInterface
 from lmcache.v1.storage_backend.cache_policy import get_cache_policy
 from lmcache.v1.storage_backend.l1_settings import L1Settings
+from lmcache.v1.storage_backend.quota import QuotaManager, SaltUsage
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class LocalCPUBackend(AllocatorBackendInterface):
     over shared memory; otherwise one of ``config.max_local_cpu_size`` GB is created, in
     shared memory when ``shm_name`` (or ``extra_config["local_cpu.shm_name"]``) is given.
     With ``config.local_cpu`` false the backend only allocates and stores nothing.
+    ``quota_manager`` is the tenants' quota registry (shared by the tiers; a private one
+    when not given); :attr:`salt_usage` counts this tier's bytes per tenant.
     """
 
     def __init__(
@@ -58,6 +63,8 @@ class LocalCPUBackend(AllocatorBackendInterface):
         memory_allocator: MemoryAllocatorInterface | None = None,
         shm_name: str | None = None,
         l1_settings: L1Settings | None = None,
+        *,
+        quota_manager: QuotaManager | None = None,
     ) -> None:
         super().__init__(dst_device=dst_device)
         self.config = config if config is not None else LMCacheEngineConfig()
@@ -72,7 +79,11 @@ class LocalCPUBackend(AllocatorBackendInterface):
             else self.initialize_allocator(self.config, metadata)
         )
         self._hot: dict[CacheEngineKey, MemoryObj] = {}
-        self._policy = get_cache_policy(self.config.cache_policy)
+        self.quota_manager = quota_manager if quota_manager is not None else QuotaManager()
+        self.salt_usage = SaltUsage()
+        self._policy = get_cache_policy(
+            self.config.cache_policy, quotas=self.quota_manager, usage=self.salt_usage
+        )
         self._evictions = 0
         self._lock = threading.Lock()
         self._timeout_s = float(self.config.blocking_timeout_secs)
@@ -141,8 +152,9 @@ class LocalCPUBackend(AllocatorBackendInterface):
             if obj is not None:
                 return obj
             remaining = deadline - time.monotonic()
-            if not busy_loop or remaining <= 0 or self._closed:
-                if busy_loop:
+            # A policy that never evicts (noop) refuses at once: waiting would only stall.
+            if not busy_loop or remaining <= 0 or self._closed or not self._policy.evicts:
+                if busy_loop and self._policy.evicts:
                     logger.warning(
                         "no evictable memory for %d bytes after %.1fs (pinned or in use)",
                         nbytes,
@@ -167,14 +179,17 @@ class LocalCPUBackend(AllocatorBackendInterface):
                 if not victims:
                     return None
                 for key in victims:
-                    self._drop_locked(key)
+                    self._drop_locked(key, evicted=True)
                 self._evictions += len(victims)
 
-    def _pick_victims(self, nbytes: int) -> list[CacheEngineKey]:
+    def _pick_victims(self, nbytes: int, ahead_of_need: bool = False) -> list[CacheEngineKey]:
         victims: list[CacheEngineKey] = []
         freed = 0
         now = time.monotonic()
-        for key in self._policy.candidates():
+        order = (
+            self._policy.ahead_of_need_candidates() if ahead_of_need else self._policy.candidates()
+        )
+        for key in order:
             obj = self._hot[key]
             if self._evictable(key, obj, now):
                 victims.append(key)
@@ -245,19 +260,23 @@ class LocalCPUBackend(AllocatorBackendInterface):
             return 0
         target = int(self.used_bytes * settings.eviction_ratio)
         with self._lock:
-            victims = self._pick_victims(max(1, target))
+            victims = self._pick_victims(max(1, target), ahead_of_need=True)
             for key in victims:
-                self._drop_locked(key)
+                self._drop_locked(key, evicted=True)
             self._evictions += len(victims)
             self.watermark_evictions += len(victims)
         if victims:
             logger.debug("L1 over its watermark: evicted %d objects", len(victims))
         return len(victims)
 
-    def _drop_locked(self, key: CacheEngineKey) -> MemoryObj:
+    def _drop_locked(self, key: CacheEngineKey, evicted: bool = False) -> MemoryObj:
         obj = self._hot.pop(key)
         self._pinned_at.pop(key, None)
-        self._policy.on_remove(key)
+        self.salt_usage.remove(key)
+        if evicted:
+            self._policy.on_evict(key)
+        else:
+            self._policy.on_remove(key)
         obj.ref_count_down()
         self._notify_residency(key, False)
         return obj
@@ -363,6 +382,7 @@ class LocalCPUBackend(AllocatorBackendInterface):
             if not owned:
                 obj.ref_count_up()
             self._hot[key] = obj
+            self.salt_usage.add(key, obj.get_physical_size())
             self._policy.on_put(key)
             if obj.metadata.pin_count:
                 self._note_pinned(key)  # pinned by its writer (e.g. the prefetcher)

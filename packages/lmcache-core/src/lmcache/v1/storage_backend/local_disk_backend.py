@@ -98,6 +98,7 @@ from lmcache.v1.storage_backend.disk_folder import (
 )
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.put_tasks import PutTasks
+from lmcache.v1.storage_backend.quota import QuotaManager, SaltUsage
 
 __all__ = [
     "CHECKSUM_CRC32",
@@ -137,7 +138,12 @@ UNHEALTHY_AFTER_FAILED_WRITES = 3
 
 
 class LocalDiskBackend(StorageBackendInterface):
-    """Disk tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator)."""
+    """Disk tier.  Reads allocate from ``local_cpu_backend`` (the L1 allocator).
+
+    ``quota_manager``: the tenants' quota registry (``IsolatedLRU`` decides by it); by
+    default L1's, so both tiers obey one set of quotas.  :attr:`salt_usage` counts this
+    tier's indexed bytes per tenant.
+    """
 
     queues_own_puts = True
 
@@ -150,6 +156,8 @@ class LocalDiskBackend(StorageBackendInterface):
         path: str | None = None,
         max_bytes: int | None = None,
         adopt: bool | None = None,
+        *,
+        quota_manager: QuotaManager | None = None,
     ) -> None:
         super().__init__(dst_device=dst_device)
         self.config = config if config is not None else LMCacheEngineConfig()
@@ -168,7 +176,13 @@ class LocalDiskBackend(StorageBackendInterface):
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmc-disk")
         self._lock = threading.Lock()
         self._index: dict[CacheEngineKey, DiskEntry] = {}
-        self._policy = get_cache_policy(self.config.cache_policy)
+        if quota_manager is None:
+            quota_manager = getattr(local_cpu_backend, "quota_manager", None) or QuotaManager()
+        self.quota_manager = quota_manager
+        self.salt_usage = SaltUsage()
+        self._policy = get_cache_policy(
+            self.config.cache_policy, quotas=self.quota_manager, usage=self.salt_usage
+        )
         self._puts: PutTasks[CacheEngineKey] = PutTasks()
         self._used = 0
         self._evictions = 0
@@ -215,6 +229,7 @@ class LocalDiskBackend(StorageBackendInterface):
         with self._lock:
             for key, entry in found:
                 self._index[key] = entry
+                self.salt_usage.add(key, entry.file_size)
                 self._policy.on_put(key)
                 self._used += entry.file_size
                 self._largest_chunk = max(self._largest_chunk, entry.file_size)
@@ -279,6 +294,7 @@ class LocalDiskBackend(StorageBackendInterface):
             raise
         with self._lock:
             self._index[key] = DiskEntry(final, file_size, json.loads(header))
+            self.salt_usage.add(key, file_size)
             self._policy.on_put(key)
             self._puts.finish([key])
         obj.ref_count_down()
@@ -328,15 +344,19 @@ class LocalDiskBackend(StorageBackendInterface):
         if excess > 0:
             return False
         for key in victims:
-            self._drop_locked(key)
+            self._drop_locked(key, evicted=True)
         self._evictions += len(victims)
         return True
 
-    def _drop_locked(self, key: CacheEngineKey) -> None:
+    def _drop_locked(self, key: CacheEngineKey, evicted: bool = False) -> None:
         # No folder fsync: an unlink lost to a crash brings back a complete object (or one
         # that fails validation and is deleted at the next start), never wrong bytes.
         entry = self._index.pop(key)
-        self._policy.on_remove(key)
+        self.salt_usage.remove(key)
+        if evicted:
+            self._policy.on_evict(key)
+        else:
+            self._policy.on_remove(key)
         self._used -= entry.file_size
         unlink_quietly(entry.path)
 

@@ -37,6 +37,7 @@ from lmcache.v1.storage_backend.l1_settings import STORE_POLICIES
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 from lmcache.v1.storage_backend.plugins import storage_plugin_launcher
+from lmcache.v1.storage_backend.quota import QuotaManager
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,13 @@ def create_storage_backends(
     dst_device: str = "cpu",
     memory_allocator: MemoryAllocatorInterface | None = None,
     shm_name: str | None = None,
+    quota_manager: QuotaManager | None = None,
 ) -> OrderedDict[str, StorageBackendInterface]:
     """Backends in lookup order, keyed as upstream ("LocalCPUBackend", "LocalDiskBackend",
     the Redis tiers, then plugin names).  The CPU backend is always created: every tier
     allocates from it.  ``config`` is the engine config or the :class:`TierSettings` built
-    from either config (the cache server's flags)."""
+    from either config (the cache server's flags).  L1 and the disk tier share
+    ``quota_manager`` (a fresh one when not given; it is L1's ``quota_manager``)."""
     settings = (
         config if isinstance(config, TierSettings) else TierSettings.from_engine_config(config)
     )
@@ -64,11 +67,19 @@ def create_storage_backends(
     backends: OrderedDict[str, StorageBackendInterface] = OrderedDict()
     try:
         cpu = LocalCPUBackend(
-            engine_config, metadata, dst_device, memory_allocator, shm_name, settings.l1
+            engine_config,
+            metadata,
+            dst_device,
+            memory_allocator,
+            shm_name,
+            settings.l1,
+            quota_manager=quota_manager,
         )
         backends[L1_NAME] = cpu
         if settings.disk_enabled:
-            backends[L2_NAME] = LocalDiskBackend(engine_config, cpu, metadata, dst_device)
+            backends[L2_NAME] = LocalDiskBackend(
+                engine_config, cpu, metadata, dst_device, quota_manager=cpu.quota_manager
+            )
         _add_remote_tiers(settings, metadata, loop, cpu, dst_device, backends)
         storage_plugin_launcher(engine_config, metadata, loop, cpu, dst_device, backends)
     except BaseException:
@@ -401,6 +412,34 @@ class StorageManager(AllocatorBackendInterface):
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
         removed = [b.remove(key, force=force) for b in self._tiers]
         return any(removed)
+
+    # -- tenants ------------------------------------------------------------------------------
+
+    @property
+    def quota_manager(self) -> QuotaManager:
+        """The tenants' byte quotas, shared by L1 and the disk tier."""
+        return self.local_cpu_backend.quota_manager
+
+    def usage_bytes_by_tier(self) -> dict[str, dict[str, int]]:
+        """Tier name -> (salt -> resident bytes), for the tiers that count per tenant."""
+        usage: dict[str, dict[str, int]] = {}
+        for name, backend in self.storage_backends.items():
+            counter = getattr(backend, "salt_usage", None)
+            if counter is not None:
+                usage[name] = counter.bytes_by_salt()
+        return usage
+
+    def get_usage_bytes_by_cache_salt(self) -> dict[str, int]:
+        """Salt -> its bytes in the tier where it holds the most (upstream's name).
+
+        Quotas apply per tier (each tier evicts by its own usage), and a write-through
+        copy sits in several tiers at once, so adding the tiers up would double-count.
+        """
+        totals: dict[str, int] = {}
+        for per_salt in self.usage_bytes_by_tier().values():
+            for salt, used in per_salt.items():
+                totals[salt] = max(totals.get(salt, 0), used)
+        return totals
 
     def touch_cache(self) -> None:
         for backend in self._tiers:

@@ -153,6 +153,10 @@ class AdminOps(WorkerRegistry, LookupOps):
             "workers": self.worker_counts(),
             "pinned_objects": self.pinned_objects(),
             "healthy": not self.health_problems(),
+            "salt_usage": self.storage.usage_bytes_by_tier(),
+            "quotas": {
+                q.cache_salt: q.limit_bytes for q in self.storage.quota_manager.list_quotas()
+            },
         }
 
     def status(self) -> dict[str, Any]:

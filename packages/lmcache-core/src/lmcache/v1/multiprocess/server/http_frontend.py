@@ -12,10 +12,11 @@ object ``{"error": <code>, "message": <text>}`` with a 4xx/5xx status.
 The operator routes of :mod:`lmcache.v1.multiprocess.server.operator_routes` are mounted too:
 ``GET /env`` (secrets redacted), ``GET /loglevel`` (reading and setting levels of existing
 loggers), ``GET /threads``, ``GET /periodic-threads[/{name}]``, ``GET
-/periodic-threads-health``, ``POST /run_script`` (only with ``--run-script-api-enabled``)
-and upstream's runtime reconfiguration routes (``/reconfigure/...``), which answer 501 with
+/periodic-threads-health``, ``POST /run_script`` (only with ``--run-script-api-enabled``),
+the tenant quotas ``GET /quota`` and ``GET|PUT|DELETE /quota/{cache_salt}``, and
+upstream's runtime reconfiguration routes (``/reconfigure/...``), which answer 501 with
 the reason (:mod:`.operator_routes.reconfigure_api`); with an admin token configured,
-``/env``, ``/loglevel`` and ``/run_script`` need it as well.
+``/env``, ``/loglevel``, ``/run_script`` and ``/quota`` need it as well.
 
 Connections are limited (:mod:`.http_limits`): a request head must arrive within
 ``--http-header-timeout-s``, its body within ``--http-body-timeout-s``, and at most
@@ -51,6 +52,7 @@ from lmcache.v1.multiprocess.server.metrics import CONTENT_TYPE
 from lmcache.v1.multiprocess.server.operator_routes import (
     env_api,
     loglevel_api,
+    quota_api,
     reconfigure_api,
     run_script_api,
     thread_api,
@@ -76,6 +78,8 @@ ROUTES = (
     "/reconfigure/{backend}/l2/status",
     "/reconfigure/{backend}/l2/{operation}",
     "/reconfigure/dax/l1/{status,add,remove}",
+    "/quota",
+    "/quota/{cache_salt}",
 )
 _OPERATOR_ROUTERS = (
     env_api.router,
@@ -83,6 +87,7 @@ _OPERATOR_ROUTERS = (
     thread_api.router,
     run_script_api.router,
     reconfigure_api.router,
+    quota_api.router,
 )
 _STOP_TIMEOUT_S = 5.0
 # {"force": true} is 15 bytes; the cap keeps a large body from being read at all.
@@ -262,6 +267,7 @@ def build_app(
     # What the operator routes read (operator_routes.access).
     app.state.configs = {} if engine.server_config is None else {"mp": engine.server_config}
     app.state.authorize = lambda request: _unauthorized(engine, request)
+    app.state.storage_manager = engine.storage
     for router in (*_OPERATOR_ROUTERS, *extension_http_routers()):
         app.include_router(router)
     return app

@@ -37,6 +37,25 @@ LATENCY_BUCKETS = (
 
 _DISK_LOGGER = "lmcache.v1.storage_backend.local_disk_backend"
 
+TOP_SALTS = 10
+"""Per-tenant series are kept for this many salts per tier (the largest); the rest are
+summed under :data:`OTHER_SALTS`, so a server with thousands of tenants still exposes a
+bounded number of series."""
+OTHER_SALTS = "__other__"
+UNSALTED = "_default"
+"""The label of the empty salt (unsalted traffic), as the ``/quota`` routes spell it."""
+
+
+def bounded_salt_usage(usage: dict[str, int], top: int = TOP_SALTS) -> list[tuple[str, int]]:
+    """(label, bytes) of the ``top`` salts holding the most bytes, then one
+    :data:`OTHER_SALTS` entry with the rest (only when there is a rest)."""
+    ranked = sorted(usage.items(), key=lambda item: (-item[1], item[0]))
+    shown = [(salt or UNSALTED, used) for salt, used in ranked[:top]]
+    rest = ranked[top:]
+    if rest:
+        shown.append((OTHER_SALTS, sum(used for _salt, used in rest)))
+    return shown
+
 
 class ServerMetrics:
     """The hot-path metrics; state metrics come from ``state`` at scrape time."""
@@ -156,6 +175,35 @@ def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricF
     return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
 
 
+def _tenant_families(state: dict[str, Any]) -> Iterator[Metric]:
+    """Bytes per tenant and tier (bounded: :func:`bounded_salt_usage`), how many tenants
+    each tier holds, and the quota of every tenant shown."""
+    usage_by_tier: dict[str, dict[str, int]] = state.get("salt_usage", {})
+    quotas: dict[str, int] = state.get("quotas", {})
+    used = _gauge(
+        "tenant_used_bytes",
+        f"Bytes a tenant (cache_salt; {UNSALTED!r}: unsalted) holds in a tier; the "
+        f"{TOP_SALTS} largest per tier, the rest summed as {OTHER_SALTS!r}.",
+        ["tier", "cache_salt"],
+    )
+    tenants = _gauge("tenants", "Tenants (cache_salts) holding bytes in a tier.", ["tier"])
+    limits = _gauge(
+        "tenant_quota_bytes",
+        "Byte quota of each tenant shown in tenant_used_bytes that has one.",
+        ["cache_salt"],
+    )
+    shown_quotas: set[str] = set()
+    for tier, usage in usage_by_tier.items():
+        tenants.add_metric([tier], len(usage))
+        for label, nbytes in bounded_salt_usage(usage):
+            used.add_metric([tier, label], nbytes)
+            salt = "" if label == UNSALTED else label
+            if salt in quotas and label not in shown_quotas:
+                shown_quotas.add(label)
+                limits.add_metric([label], quotas[salt])
+    yield from (used, tenants, limits)
+
+
 class _StateCollector(Collector):
     """Reads the server's state (``state()``) when Prometheus scrapes."""
 
@@ -195,6 +243,7 @@ class _StateCollector(Collector):
             elif tier["kind"] == "disk":
                 errors.add_metric([tier["name"]], self._metrics.disk_errors.count)
         yield from (used, capacity, objects, evictions, errors)
+        yield from _tenant_families(state)
         workers = _gauge("registered_workers", "Registered workers, by transfer mode.", ["mode"])
         for mode, count in state["workers"].items():
             workers.add_metric([mode], count)

@@ -6,5 +6,6 @@ callable ``(request) -> Response | None`` that refuses requests lacking the admi
 (used by every route that reveals secrets' surroundings or changes the process);
 ``configs`` (``{"mp": MPServerConfig}``) or ``lmcache_adapter`` (with a ``config``) for
 the ``/run_script`` opt-in; ``metrics_exposition``, a callable returning
-``(body, content_type)`` for ``/metrics``.
+``(body, content_type)`` for ``/metrics``; ``storage_manager``, the server's
+:class:`~lmcache.v1.storage_backend.storage_manager.StorageManager`, for ``/quota``.
 """

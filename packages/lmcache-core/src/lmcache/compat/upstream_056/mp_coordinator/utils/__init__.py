@@ -1,0 +1,1 @@
+"""Upstream's ``lmcache.v1.mp_coordinator.utils`` (only ``encoding``)."""
