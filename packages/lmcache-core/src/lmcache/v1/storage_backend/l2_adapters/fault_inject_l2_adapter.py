@@ -214,7 +214,9 @@ class FaultInjectL2Adapter(L2AdapterInterface):
             for i in dropped:
                 bitmap.clear(i)
             if dropped:
-                logger.debug("fault injection: task %s dropped %d/%d", task_id, len(dropped), len(keys))
+                logger.debug(
+                    "fault injection: task %s dropped %d/%d", task_id, len(dropped), len(keys)
+                )
         return bitmap
 
     def register_listener(self, listener: L2AdapterListener) -> None:

@@ -58,17 +58,17 @@ class ObjectKey:
         )
 
     @staticmethod
-    def IntHash2Bytes(chunk_hash: int) -> bytes:  # noqa: N802 - upstream's name
+    def IntHash2Bytes(chunk_hash: int) -> bytes:
         """A small integer as a 4-byte big-endian hash (tests and examples build keys so)."""
         return chunk_hash.to_bytes(_INT_HASH_BYTES, byteorder="big")
 
     @staticmethod
-    def Bytes2IntHash(chunk_hash: bytes) -> int:  # noqa: N802 - upstream's name
+    def Bytes2IntHash(chunk_hash: bytes) -> int:
         """The inverse of :meth:`IntHash2Bytes`, truncated to 64 bits."""
         return int.from_bytes(chunk_hash, byteorder="big") & ((1 << 64) - 1)
 
     @staticmethod
-    def ComputeKVRank(  # noqa: N802 - upstream's name
+    def ComputeKVRank(
         world_size: int, global_rank: int, local_world_size: int, local_rank: int
     ) -> int:
         """The rank field of a key: the four numbers packed into one byte each (so keys of
@@ -76,7 +76,7 @@ class ObjectKey:
         return (world_size << 24) | (global_rank << 16) | (local_world_size << 8) | local_rank
 
     @staticmethod
-    def WorldSizeFromKVRank(kv_rank: int) -> int:  # noqa: N802 - upstream's name
+    def WorldSizeFromKVRank(kv_rank: int) -> int:
         """The world size :meth:`ComputeKVRank` packed into ``kv_rank``."""
         return (kv_rank >> 24) & 0xFF
 
