@@ -19,7 +19,9 @@ def test_resp_adapter_parses() -> None:
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", 'must be a JSON object with a "type"'),
-        ('{"type": "s3"}', "type 's3' is not supported"),
+        ('{"type": "nope"}', "type 'nope' is not supported"),
+        ('{"type": "s3"}', "type 's3' is not available here: it needs an S3 object store"),
+        ('{"type": "dax"}', "needs a DAX"),
     ],
 )
 def test_bad_adapter_is_a_clear_error(raw: str, message: str) -> None:

@@ -561,6 +561,28 @@ class L2AdapterBackend(StorageBackendInterface):
             raise RuntimeError(f"{self} was built without a LocalCPUBackend")
         return self.local_cpu_backend
 
+    @property
+    def used_bytes(self) -> int:
+        """The adapter's counted bytes (``get_usage``; 0 if it cannot say)."""
+        try:
+            return int(self.adapter.get_usage().total_bytes_used)
+        except Exception:
+            return 0
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        """The adapter's declared capacity, or None when it declares none."""
+        try:
+            capacity = int(self.adapter.get_usage().total_capacity_bytes)
+        except Exception:
+            return None
+        return capacity if capacity > 0 else None
+
+    def __len__(self) -> int:
+        """Keys stored through this bridge that it still believes present."""
+        with self._lock:
+            return len(self._index)
+
     def report_status(self) -> dict[str, Any]:
         """The adapter's status with the bridge's counters and index size."""
         try:
