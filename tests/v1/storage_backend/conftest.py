@@ -127,9 +127,7 @@ def backend_factory(
         backend.close()
 
 
-@pytest.fixture(
-    params=["cpu", "disk", "manager", "plugin", "l2adapter", "redis", "redis_cluster"]
-)
+@pytest.fixture(params=["cpu", "disk", "manager", "plugin", "l2adapter", "redis", "redis_cluster"])
 def backend(request: pytest.FixtureRequest, backend_factory: Any) -> StorageBackendInterface:
     made: StorageBackendInterface = backend_factory(request.param)
     return made
