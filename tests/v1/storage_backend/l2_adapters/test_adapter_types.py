@@ -188,7 +188,8 @@ def test_storage_manager_reads_through_an_adapter_tier() -> None:
         assert manager.local_cpu_backend.remove(make_key(1))  # gone from L1 only
         assert manager.lookup_location(make_key(1)) == "L2Adapter0:mock"
         got = manager.get_blocking(make_key(1))
-        assert got is not None and torch.equal(got.tensor, expected_tensor(4))
+        assert got is not None and got.tensor is not None
+        assert torch.equal(got.tensor, expected_tensor(4))
         got.ref_count_down()
         assert manager.in_l1(make_key(1))  # promoted
     finally:

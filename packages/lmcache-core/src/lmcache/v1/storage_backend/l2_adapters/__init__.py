@@ -19,10 +19,8 @@ import pkgutil
 
 from lmcache.v1.storage_backend.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.storage_backend.l2_adapters.config import L2AdapterConfigBase
-from lmcache.v1.storage_backend.l2_adapters.factory import (
-    add_pending_module,
-    create_l2_adapter_from_registry,
-)
+from lmcache.v1.storage_backend.l2_adapters.factory import create_l2_adapter_from_registry
+from lmcache.v1.storage_backend.l2_adapters.pending import add_pending_module
 from lmcache.v1.storage_backend.l2_adapters.types import L1MemoryDesc
 
 # Built-in adapter modules are listed, not imported: each loads on first use of its type.

@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from lmcache.v1.storage_backend.l2_adapters.pending import import_all_pending, import_pending_until
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound="L2AdapterConfigBase")
@@ -54,11 +56,7 @@ def register_l2_adapter_type(name: str, config_cls: type[L2AdapterConfigBase]) -
 
 def _ensure_config_loaded(name: str) -> None:
     """Import the built-in module that registers ``name`` if it is not registered yet."""
-    if name in _L2_ADAPTER_CONFIG_REGISTRY:
-        return
-    from lmcache.v1.storage_backend.l2_adapters.factory import ensure_adapter_loaded
-
-    ensure_adapter_loaded(name)
+    import_pending_until(lambda: name in _L2_ADAPTER_CONFIG_REGISTRY)
 
 
 def get_l2_adapter_config_class(type_name: str) -> type[L2AdapterConfigBase]:
@@ -70,10 +68,9 @@ def get_l2_adapter_config_class(type_name: str) -> type[L2AdapterConfigBase]:
 
 
 def get_registered_l2_adapter_types() -> list[str]:
-    """Every adapter type name, built-in ones imported first."""
-    from lmcache.v1.storage_backend.l2_adapters.factory import get_all_registered_names
-
-    return get_all_registered_names()
+    """Every adapter type name, sorted (built-in ones imported first)."""
+    import_all_pending()
+    return sorted(_L2_ADAPTER_CONFIG_REGISTRY)
 
 
 def get_type_name_for_config(config: L2AdapterConfigBase) -> str:

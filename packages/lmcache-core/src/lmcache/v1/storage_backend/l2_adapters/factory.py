@@ -10,10 +10,17 @@ this module.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from lmcache.v1.storage_backend.l2_adapters.config import get_type_name_for_config
+from lmcache.v1.storage_backend.l2_adapters.pending import (
+    _PENDING_MODULES,
+    add_pending_module,
+    import_all_pending,
+    import_pending_until,
+)
 
 if TYPE_CHECKING:
     from lmcache.v1.storage_backend.l2_adapters.base import L2AdapterInterface
@@ -26,9 +33,6 @@ L2AdapterFactory = Callable[["L2AdapterConfigBase", "L1MemoryDesc | None"], "L2A
 
 _L2_ADAPTER_FACTORY_REGISTRY: dict[str, L2AdapterFactory] = {}
 
-_PENDING_MODULES: list[str] = []
-"""Modules known to register adapter types, not imported yet (in discovery order)."""
-
 
 def register_l2_adapter_factory(name: str, factory: L2AdapterFactory) -> None:
     """Register the factory of adapter type ``name`` (after its config class)."""
@@ -37,46 +41,19 @@ def register_l2_adapter_factory(name: str, factory: L2AdapterFactory) -> None:
     _L2_ADAPTER_FACTORY_REGISTRY[name] = factory
 
 
-def add_pending_module(module_path: str) -> None:
-    """Import ``module_path`` when a type name is first missing from the registry."""
-    if module_path not in _PENDING_MODULES:
-        _PENDING_MODULES.append(module_path)
-
-
 def ensure_adapter_loaded(name: str) -> None:
-    """Import pending modules until ``name`` is registered.  A module that cannot import
-    (a missing dependency) is skipped; if ``name`` is still missing at the end, the last
-    such ``ImportError`` is raised (it probably is why)."""
-    if name in _L2_ADAPTER_FACTORY_REGISTRY:
-        return
-    last_error: ImportError | None = None
-    while _PENDING_MODULES:
-        module_path = _PENDING_MODULES.pop(0)
-        try:
-            importlib.import_module(module_path)
-        except ImportError as exc:
-            logger.debug("adapter module %s not imported: %s", module_path, exc)
-            last_error = exc
-            continue
-        if name in _L2_ADAPTER_FACTORY_REGISTRY:
-            return
-    if last_error is not None and name not in _L2_ADAPTER_FACTORY_REGISTRY:
-        raise last_error
+    """Import pending modules until ``name`` has a factory (see :mod:`.pending`)."""
+    import_pending_until(lambda: name in _L2_ADAPTER_FACTORY_REGISTRY)
 
 
 def load_all_adapters() -> None:
     """Import every pending module (those that cannot import are skipped)."""
-    while _PENDING_MODULES:
-        module_path = _PENDING_MODULES.pop(0)
-        try:
-            importlib.import_module(module_path)
-        except ImportError:
-            logger.debug("adapter module %s not imported", module_path)
+    import_all_pending()
 
 
 def get_all_registered_names() -> list[str]:
-    """Every registered adapter type name, sorted (built-ins imported first)."""
-    load_all_adapters()
+    """Every type name with a factory, sorted (built-ins imported first)."""
+    import_all_pending()
     return sorted(_L2_ADAPTER_FACTORY_REGISTRY)
 
 
@@ -84,8 +61,6 @@ def create_l2_adapter_from_registry(
     config: L2AdapterConfigBase, l1_memory_desc: L1MemoryDesc | None = None
 ) -> L2AdapterInterface:
     """A new adapter of ``config``'s registered type."""
-    from lmcache.v1.storage_backend.l2_adapters.config import get_type_name_for_config
-
     name = get_type_name_for_config(config)
     ensure_adapter_loaded(name)
     factory = _L2_ADAPTER_FACTORY_REGISTRY.get(name)
@@ -95,3 +70,15 @@ def create_l2_adapter_from_registry(
             "Make sure the adapter module is imported."
         )
     return factory(config, l1_memory_desc)
+
+
+__all__ = [
+    "_PENDING_MODULES",  # upstream's name; tests of its lazy loading reach into it
+    "L2AdapterFactory",
+    "add_pending_module",
+    "create_l2_adapter_from_registry",
+    "ensure_adapter_loaded",
+    "get_all_registered_names",
+    "load_all_adapters",
+    "register_l2_adapter_factory",
+]

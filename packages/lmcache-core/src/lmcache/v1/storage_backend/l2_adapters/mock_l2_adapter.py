@@ -47,7 +47,10 @@ _GB = 1024**3
 
 def object_bytes(obj: MemoryObj) -> torch.Tensor:
     """The logical bytes of ``obj`` as a flat uint8 view (no copy)."""
-    return obj.raw_tensor.reshape(-1).view(torch.uint8)[: obj.get_size()]
+    raw = obj.raw_tensor
+    if raw is None:
+        raise ValueError(f"{type(obj).__name__} has no tensor to copy")
+    return raw.reshape(-1).view(torch.uint8)[: obj.get_size()]
 
 
 def clone_tensor_memory_obj(obj: MemoryObj) -> TensorMemoryObj:
