@@ -16,6 +16,7 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.storage_backend.cache_salt import configs_with_salt
 from lmcache.v1.storage_backend.l2_adapters.bitmap import Bitmap
 from lmcache.v1.storage_backend.l2_adapters.bridge import L2AdapterBackend
+from lmcache.v1.storage_backend.l2_adapters.config import L2EvictionSpec
 from lmcache.v1.storage_backend.l2_adapters.fault_inject_l2_adapter import FaultInjectL2Adapter
 from lmcache.v1.storage_backend.l2_adapters.keys import object_key_of
 from lmcache.v1.storage_backend.l2_adapters.mock_l2_adapter import (
@@ -292,3 +293,48 @@ def test_multi_part_layout_round_trips(bridge_of: Any, l1: LocalCPUBackend) -> N
     assert torch.equal(got.get_tensor(0), first) and torch.equal(got.get_tensor(1), second)
     for o in (obj, got):
         o.ref_count_down()
+
+
+def _mock_of_objects(n: int) -> MockL2Adapter:
+    """A mock with room for exactly ``n`` default-sized objects (4 KiB each)."""
+    return MockL2Adapter(MockL2AdapterConfig(max_size_gb=n * 4096 / 1024**3, mock_bandwidth_gb=10))
+
+
+def test_lru_eviction_keeps_the_adapter_below_capacity(bridge_of: Any) -> None:
+    adapter = _mock_of_objects(10)
+    spec = L2EvictionSpec("LRU", trigger_watermark=0.8, eviction_ratio=0.2)
+    bridge = bridge_of(adapter, eviction=spec)
+    _store(bridge, [make_key(0)])
+    assert bridge.pin(make_key(0))  # pinned: never chosen
+    for i in range(1, 30):
+        _store(bridge, [make_key(i)])
+        assert _eventually(lambda: adapter.get_usage().usage_fraction < 0.8)
+    # Every store landed (none skipped for lack of room), the oldest went first.
+    assert bridge.stats["puts"] == 30 and bridge.stats["evictions"] >= 20
+    assert bridge.batched_contains([make_key(i) for i in (27, 28, 29)]) == 3
+    assert not bridge.contains(make_key(1))
+    assert bridge.contains(make_key(0))
+
+
+def test_without_eviction_a_full_adapter_skips_stores(bridge_of: Any) -> None:
+    adapter = _mock_of_objects(10)
+    bridge = bridge_of(adapter, eviction=L2EvictionSpec("noop"))
+    for i in range(15):
+        _store(bridge, [make_key(i)])
+    assert bridge.stats["evictions"] == 0
+    assert adapter.debug_get_stored_object_count() == 10
+    assert not bridge.contains(make_key(14))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (L2EvictionSpec("ARC"), "'ARC' is not available on L2 adapter tiers yet"),
+        (L2EvictionSpec("LRU", trigger_watermark=0), "must be in"),
+    ],
+)
+def test_eviction_the_bridge_cannot_honour_is_refused(
+    bridge_of: Any, spec: L2EvictionSpec, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        bridge_of(_mock(), eviction=spec)

@@ -107,7 +107,9 @@ def _add_adapter_tiers(
         adapter = create_l2_adapter_from_registry(tier.config)
         try:
             adapter.set_backend_identity(tier.name.split(":", 1)[1], shared=tier.config.shared)
-            backends[tier.name] = L2AdapterBackend(adapter, tier.name, cpu, dst_device)
+            backends[tier.name] = L2AdapterBackend(
+                adapter, tier.name, cpu, dst_device, eviction=tier.config.eviction_config
+            )
         except BaseException:
             adapter.close()  # not a backend yet, so _close_quietly would not reach it
             raise

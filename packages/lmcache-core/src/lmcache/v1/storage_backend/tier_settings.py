@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.storage_backend.l2_adapters.bridge import check_bridge_eviction
 from lmcache.v1.storage_backend.l2_adapters.config import (
     L2AdapterConfigBase,
     get_registered_l2_adapter_types,
@@ -184,7 +185,9 @@ def interface_adapter_tiers(adapters: Sequence[dict[str, Any]]) -> tuple[Adapter
                 f'--l2-adapter #{i + 1} ({spec["type"]!r}): "serde" is not supported '
                 "on adapter-interface tiers in this build"
             )
-        tiers.append(AdapterTier(f"L2Adapter{i}:{spec['type']}", config))
+        name = f"L2Adapter{i}:{spec['type']}"
+        check_bridge_eviction(config.eviction_config, f"--l2-adapter #{i + 1} ({name})")
+        tiers.append(AdapterTier(name, config))
     return tuple(tiers)
 
 

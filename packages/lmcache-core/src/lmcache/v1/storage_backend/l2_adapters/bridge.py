@@ -52,6 +52,7 @@ from lmcache.v1.storage_backend.abstract_backend import (
 from lmcache.v1.storage_backend.chunk_format import allocate_for_read
 from lmcache.v1.storage_backend.l2_adapters.base import L2AdapterInterface, L2TaskId
 from lmcache.v1.storage_backend.l2_adapters.bitmap import Bitmap
+from lmcache.v1.storage_backend.l2_adapters.config import L2EvictionSpec
 from lmcache.v1.storage_backend.l2_adapters.keys import object_key_of
 from lmcache.v1.storage_backend.l2_adapters.types import (
     L2AdapterListener,
@@ -91,6 +92,7 @@ class ChunkLayout:
 class _Entry:
     okey: ObjectKey
     layout: ChunkLayout
+    size: int
 
 
 @dataclass
@@ -133,10 +135,16 @@ class L2AdapterBackend(StorageBackendInterface):
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         put_queue_chunks: int = DEFAULT_PUT_QUEUE_CHUNKS,
         close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+        eviction: L2EvictionSpec | None = None,
     ) -> None:
         super().__init__(dst_device=dst_device)
         if op_timeout_s <= 0 or poll_interval_s <= 0:
             raise ValueError("op_timeout_s and poll_interval_s must be positive")
+        self.eviction = check_bridge_eviction(eviction, name)
+        if self.eviction is not None and not adapter.supports_global_eviction:
+            logger.warning(
+                'L2 adapter %s declares no capacity: its "eviction" never triggers', name
+            )
         self.adapter = adapter
         self.name = name
         self.local_cpu_backend = local_cpu_backend
@@ -158,7 +166,17 @@ class L2AdapterBackend(StorageBackendInterface):
         self._loads: dict[L2TaskId, Future] = {}
         self._log = RateLimitedLog(logger)
         self.stats: dict[str, int] = dict.fromkeys(
-            ("puts", "puts_failed", "puts_refused", "hits", "misses", "errors", "timeouts"), 0
+            (
+                "puts",
+                "puts_failed",
+                "puts_refused",
+                "hits",
+                "misses",
+                "errors",
+                "timeouts",
+                "evictions",
+            ),
+            0,
         )
         self._closed = threading.Event()
         adapter.register_listener(_IndexListener(self))
@@ -352,7 +370,7 @@ class L2AdapterBackend(StorageBackendInterface):
         with self._lock:
             if result.is_successful():
                 for key, okey, obj in zip(task.keys, task.okeys, task.objs):
-                    self._index[key] = _Entry(okey, ChunkLayout.of(obj))
+                    self._index[key] = _Entry(okey, ChunkLayout.of(obj), obj.get_size())
                     self._by_okey[okey] = key
         self._release(task.objs)
         self._puts.finish(task.keys)
@@ -361,6 +379,7 @@ class L2AdapterBackend(StorageBackendInterface):
             if task.callback is not None:
                 for key in task.keys:
                     task.callback(key)
+            self._evict_if_needed()
         else:
             self._count(puts_failed=len(task.keys))
             self._problem("store failed", "store of %d chunks failed", len(task.keys))
@@ -376,6 +395,43 @@ class L2AdapterBackend(StorageBackendInterface):
             except FutureTimeout:
                 return False
         return True
+
+    # -- adapter eviction -----------------------------------------------------------------
+
+    def _evict_if_needed(self) -> None:
+        """With an ``"eviction"`` (LRU), past ``trigger_watermark`` of the adapter's
+        capacity: delete the least recently used unpinned keys, ``eviction_ratio`` of the
+        capacity.  Runs on the completion thread, after a store landed."""
+        spec = self.eviction
+        if spec is None or spec.eviction_policy != "LRU":
+            return
+        try:
+            usage = self.adapter.get_usage()
+        except Exception as exc:
+            self._problem("usage", "get_usage failed: %s", exc, exc=exc)
+            return
+        if usage.total_capacity_bytes <= 0 or usage.usage_fraction < spec.trigger_watermark:
+            return
+        goal = int(spec.eviction_ratio * usage.total_capacity_bytes)
+        victims: list[CacheEngineKey] = []
+        freed = 0
+        with self._lock:
+            for key, entry in self._index.items():  # oldest first
+                if freed >= goal:
+                    break
+                if self._pins.get(key):
+                    continue
+                victims.append(key)
+                freed += entry.size
+            okeys = [self._index[k].okey for k in victims]
+        if not victims:
+            return
+        self._forget(victims)
+        self._count(evictions=len(victims))
+        try:
+            self.adapter.delete(okeys)
+        except Exception as exc:
+            self._problem("delete", "eviction delete failed: %s", exc, exc=exc)
 
     # -- lookups --------------------------------------------------------------------------
 
@@ -454,6 +510,7 @@ class L2AdapterBackend(StorageBackendInterface):
                 results[position] = obj
             else:
                 obj.ref_count_down()
+        self._touch([okey for okey, ok in zip(okeys, loaded) if ok])  # recency for eviction
         hits = sum(ok for ok in loaded)
         self._count(hits=hits, misses=len(keys) - hits)
         return results
@@ -616,6 +673,27 @@ class L2AdapterBackend(StorageBackendInterface):
             task.future.set_result(None)
         for future in waiting:
             future.cancel()  # runs the release callbacks of timed-out loads
+
+
+BRIDGE_EVICTION_POLICIES = ("LRU", "noop")
+"""The ``"eviction"`` policies an adapter tier acts on (ARC and IsolatedLRU not yet)."""
+
+
+def check_bridge_eviction(spec: L2EvictionSpec | None, name: str) -> L2EvictionSpec | None:
+    """``spec`` if this tier can honour it; ``ValueError`` naming what it can do otherwise."""
+    if spec is None:
+        return None
+    if spec.eviction_policy not in BRIDGE_EVICTION_POLICIES:
+        raise ValueError(
+            f"{name}: eviction_policy {spec.eviction_policy!r} is not available on L2 adapter "
+            f"tiers yet; use one of {', '.join(BRIDGE_EVICTION_POLICIES)}"
+        )
+    if not 0 < spec.trigger_watermark <= 1 or not 0 < spec.eviction_ratio <= 1:
+        raise ValueError(
+            f"{name}: eviction trigger_watermark and eviction_ratio must be in (0, 1], got "
+            f"{spec.trigger_watermark} and {spec.eviction_ratio}"
+        )
+    return spec
 
 
 def _drain(fd: int) -> None:
