@@ -137,3 +137,45 @@ def test_fault_injected_l2_reads_are_misses_not_errors(tmp_path: Path) -> None:
     log = server.log_path.read_text()
     assert "Traceback" not in log
     assert "fault injection ACTIVE" in log
+
+
+def test_status_reports_an_adapter_tier() -> None:
+    from lmcache.v1.multiprocess.server.tiers import (
+        describe_tiers,
+        install_eviction_counters,
+        tier_degradations,
+        tier_problems,
+    )
+    from lmcache.v1.storage_backend.l2_adapters.mock_l2_adapter import MockL2Adapter
+    from lmcache.v1.storage_backend.storage_manager import StorageManager, create_storage_backends
+    from lmcache.v1.storage_backend.tier_settings import TierSettings
+
+    spec = {
+        "type": "mock",
+        "max_size_gb": 0.01,
+        "mock_bandwidth_gb": 10,
+        "eviction": {"eviction_policy": "LRU"},
+    }
+    settings = TierSettings.from_server_flags(
+        chunk_size=16,
+        l1_size_gb=0.001,
+        eviction_policy="LRU",
+        blocking_timeout_secs=1,
+        l2_adapters=[json.dumps(spec)],
+    )
+    storage = StorageManager(settings.config, backends=create_storage_backends(settings))
+    try:
+        tiers = {t["name"]: t for t in describe_tiers(storage, install_eviction_counters(storage))}
+        tier = tiers["L2Adapter0:mock"]
+        assert tier["kind"] == "remote" and tier["evictions"] == 0
+        assert tier["capacity_bytes"] == int(0.01 * 1024**3)
+        assert tier["objects"] == 0 and tier["errors"] == 0
+        assert not tier_problems(storage) and not tier_degradations(storage)
+        adapter = storage.storage_backends["L2Adapter0:mock"].adapter  # type: ignore[attr-defined]
+        assert isinstance(adapter, MockL2Adapter)
+        adapter.report_status = lambda: {"is_healthy": False, "error": "disk gone"}  # type: ignore[method-assign]
+        assert tier_degradations(storage) == [
+            "L2Adapter0:mock: the adapter reports itself unhealthy (disk gone)"
+        ]
+    finally:
+        storage.close()

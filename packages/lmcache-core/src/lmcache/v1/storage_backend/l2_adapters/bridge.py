@@ -635,6 +635,29 @@ class L2AdapterBackend(StorageBackendInterface):
             return None
         return capacity if capacity > 0 else None
 
+    @property
+    def evictions(self) -> int:
+        """Keys this tier deleted from the adapter to make room (its ``"eviction"``)."""
+        with self._lock:
+            return self.stats["evictions"]
+
+    def get_stats(self) -> dict[str, int]:
+        """Hits, misses and errors (failed or timed-out adapter calls, failed stores), as
+        the server reports for a remote tier, with the rest of the counters."""
+        with self._lock:
+            stats = dict(self.stats)
+        stats["errors"] = stats["errors"] + stats["timeouts"] + stats["puts_failed"]
+        return stats
+
+    def health_degraded(self) -> list[str]:
+        """Why the tier serves degraded: the adapter reports itself unhealthy (the server
+        keeps serving; its reads through this tier may miss)."""
+        status = self.report_status()
+        if status.get("is_healthy", True):
+            return []
+        detail = status.get("error") or status.get("reason") or "no reason given"
+        return [f"the adapter reports itself unhealthy ({detail})"]
+
     def __len__(self) -> int:
         """Keys stored through this bridge that it still believes present."""
         with self._lock:
