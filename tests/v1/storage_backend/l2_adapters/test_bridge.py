@@ -233,6 +233,7 @@ def test_adapter_exceptions_are_misses(bridge_of: Any, l1: LocalCPUBackend) -> N
     obj = fill_obj(bridge, 1)
     assert bridge.batched_submit_put_task([make_key(1)], [obj]) is not None
     obj.ref_count_down()
+    assert bridge.wait_for_puts(timeout=5)
     assert _used(l1) == baseline  # the failed store dropped its reference
     assert not bridge.exists_in_put_tasks(make_key(1))
     assert bridge.stats["puts_failed"] == 1
@@ -338,3 +339,28 @@ def test_eviction_the_bridge_cannot_honour_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         bridge_of(_mock(), eviction=spec)
+
+
+def test_a_blocking_adapter_submit_does_not_block_the_put(
+    bridge_of: Any, l1: LocalCPUBackend
+) -> None:
+    release = threading.Event()
+
+    class BlockingSubmit(MockL2Adapter):
+        def submit_store_task(self, keys: Any, objects: Any) -> int:
+            release.wait(10)
+            return super().submit_store_task(keys, objects)
+
+    adapter = BlockingSubmit(MockL2AdapterConfig(max_size_gb=0.01, mock_bandwidth_gb=10))
+    bridge = bridge_of(adapter)
+    obj = fill_obj(bridge, 2)
+    started = time.monotonic()
+    futures = bridge.batched_submit_put_task([make_key(1)], [obj])
+    assert time.monotonic() - started < 1.0
+    assert futures and not futures[0].done() and bridge.exists_in_put_tasks(make_key(1))
+    obj.ref_count_down()
+    release.set()
+    assert bridge.wait_for_puts(timeout=5)
+    got = bridge.get_blocking(make_key(1))
+    assert got is not None and torch.equal(got.tensor, expected_tensor(2))
+    got.ref_count_down()

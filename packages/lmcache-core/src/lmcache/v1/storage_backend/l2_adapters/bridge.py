@@ -22,6 +22,8 @@ path, lookups and reads fall through L1 to it, hits are promoted into L1.
   no error reaches the engine.  Memory handed to the adapter is never reused before the
   adapter is done with it: a timed-out load's buffer is released when its result comes
   (or at close), a store's objects stay referenced until the store finishes.
+* **Off the request path**: a put only queues; a thread of the bridge submits the store
+  task, so even an adapter whose submit blocks cannot hold up the caller.
 * **Bounded**: at most ``put_queue_chunks`` chunks wait to be stored; more are refused
   (logged) rather than queued, so a stuck adapter cannot pin all of L1.
 """
@@ -29,6 +31,7 @@ path, lookups and reads fall through L1 to it, hits are promoted into L1.
 from __future__ import annotations
 
 import logging
+import queue
 import select
 import threading
 import time
@@ -156,7 +159,9 @@ class L2AdapterBackend(StorageBackendInterface):
         # result before its task; never taken by the listener (an adapter may notify from
         # inside a submit).
         self._tasks_lock = threading.Lock()
-        self._failed_submits: dict[Future, list[CacheEngineKey]] = {}
+        # Store tasks go to the adapter from a thread of their own: an adapter whose
+        # submit blocks (against its contract) must not hold up the caller's put.
+        self._to_submit: queue.SimpleQueue[_StoreTask | None] = queue.SimpleQueue()
         self._index: OrderedDict[CacheEngineKey, _Entry] = OrderedDict()
         self._by_okey: dict[ObjectKey, CacheEngineKey] = {}
         self._pins: dict[CacheEngineKey, int] = {}
@@ -184,6 +189,10 @@ class L2AdapterBackend(StorageBackendInterface):
             target=self._complete_forever, name=f"lmc-l2-{name}", daemon=True
         )
         self._thread.start()
+        self._submitter = threading.Thread(
+            target=self._submit_forever, name=f"lmc-l2-submit-{name}", daemon=True
+        )
+        self._submitter.start()
 
     def __str__(self) -> str:
         return f"L2AdapterBackend({self.name}: {type(self.adapter).__name__})"
@@ -330,13 +339,7 @@ class L2AdapterBackend(StorageBackendInterface):
                 "queue full", "%d chunks waiting to be stored; %d refused", full.limit, full.keys
             )
             return []
-        if future is None:
-            return []
-        with self._tasks_lock:
-            failed = self._failed_submits.pop(future, None)
-        if failed is not None:  # registered by start() after the submit failed: unregister
-            self._puts.finish(failed)
-        return [future]
+        return [] if future is None else [future]
 
     def _submit_store(
         self,
@@ -344,23 +347,31 @@ class L2AdapterBackend(StorageBackendInterface):
         batch: dict[CacheEngineKey, MemoryObj],
         callback: Callable[[CacheEngineKey], None] | None,
     ) -> Future:
+        """Queue the store of ``fresh`` for the submitter thread (runs under PutTasks'
+        lock, so it only queues)."""
         objs = [batch[key] for key in fresh]
         task = _StoreTask(fresh, [object_key_of(k) for k in fresh], objs, callback)
         for obj in objs:
             obj.ref_count_up()  # the adapter reads them until the task finishes
-        try:
-            with self._tasks_lock:
-                task_id = self.adapter.submit_store_task(task.okeys, task.objs)
-                self._stores[task_id] = task
-        except Exception as exc:
-            self._problem("store", "store submit failed: %s", exc, exc=exc)
-            self._release(objs)
-            self._count(puts_failed=len(fresh))
-            # PutTasks (whose lock is held now) registers the keys when this returns.
-            with self._tasks_lock:
-                self._failed_submits[task.future] = fresh
-            task.future.set_result(None)
+        self._to_submit.put(task)
         return task.future
+
+    def _submit_forever(self) -> None:
+        while (task := self._to_submit.get()) is not None:
+            try:
+                with self._tasks_lock:
+                    task_id = self.adapter.submit_store_task(task.okeys, task.objs)
+                    self._stores[task_id] = task
+            except Exception as exc:
+                self._problem("store", "store submit failed: %s", exc, exc=exc)
+                self._drop_store(task)
+
+    def _drop_store(self, task: _StoreTask) -> None:
+        """A store that will not land: references, in-flight keys and its future go."""
+        self._release(task.objs)
+        self._count(puts_failed=len(task.keys))
+        self._puts.finish(task.keys)
+        task.future.set_result(None)
 
     def _finish_store(self, task_id: L2TaskId, result: L2StoreResult) -> None:
         with self._tasks_lock:
@@ -681,11 +692,22 @@ class L2AdapterBackend(StorageBackendInterface):
         if not self.wait_for_puts():
             self._problem("close", "closing with stores still in flight")
         self._closed.set()
+        self._to_submit.put(None)
+        self._submitter.join(timeout=self._close_timeout_s)
         self._thread.join(timeout=self._close_timeout_s)
         try:
             self.adapter.close()
         except Exception as exc:
             self._problem("close", "adapter close failed: %s", exc, exc=exc)
+        while True:  # queued but never submitted (the submitter stopped first)
+            try:
+                queued = self._to_submit.get_nowait()
+            except queue.Empty:
+                break
+            if queued is not None:
+                self._release(queued.objs)
+                self._puts.finish(queued.keys)
+                queued.future.set_result(None)
         with self._tasks_lock:
             stores, self._stores = list(self._stores.values()), {}
             waiting = [*self._lookups.values(), *self._loads.values()]
