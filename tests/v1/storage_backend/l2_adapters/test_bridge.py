@@ -364,3 +364,52 @@ def test_a_blocking_adapter_submit_does_not_block_the_put(
     got = bridge.get_blocking(make_key(1))
     assert got is not None and torch.equal(got.tensor, expected_tensor(2))
     got.ref_count_down()
+
+
+def test_blocking_read_submits_stay_within_the_bound(bridge_of: Any) -> None:
+    release = threading.Event()
+
+    class BlockingReads(MockL2Adapter):
+        def submit_lookup_and_lock_task(self, keys: Any, group_layout_descs: Any) -> int:
+            release.wait(10)
+            return super().submit_lookup_and_lock_task(keys, group_layout_descs)
+
+        def submit_load_task(self, keys: Any, objects: Any) -> int:
+            release.wait(10)
+            return super().submit_load_task(keys, objects)
+
+    adapter = BlockingReads(MockL2AdapterConfig(max_size_gb=0.01, mock_bandwidth_gb=10))
+    bridge = bridge_of(adapter)
+    _store(bridge, [make_key(1)])
+    started = time.monotonic()
+    assert not bridge.contains(make_key(1))
+    assert bridge.get_blocking(make_key(1)) is None
+    assert time.monotonic() - started < 4 * FAST
+    release.set()
+
+
+def test_a_store_finished_before_its_submit_returns_still_lands(bridge_of: Any) -> None:
+    class AnswersBeforeReturning(MockL2Adapter):
+        """Returns a store's task id only after the bridge has popped its result."""
+
+        def __init__(self, config: MockL2AdapterConfig) -> None:
+            super().__init__(config)
+            self.popped = threading.Event()
+
+        def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
+            done = super().pop_completed_store_tasks()
+            if done:
+                self.popped.set()
+            return done
+
+        def submit_store_task(self, keys: Any, objects: Any) -> int:
+            task_id = super().submit_store_task(keys, objects)
+            assert self.popped.wait(5)
+            return task_id
+
+    adapter = AnswersBeforeReturning(MockL2AdapterConfig(max_size_gb=0.01, mock_bandwidth_gb=10))
+    bridge = bridge_of(adapter)
+    _store(bridge, [make_key(1)], first_value=6)
+    got = bridge.get_blocking(make_key(1))
+    assert got is not None and torch.equal(got.tensor, expected_tensor(6))
+    got.ref_count_down()

@@ -30,6 +30,7 @@ path, lookups and reads fall through L1 to it, hits are promoted into L1.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import select
@@ -37,7 +38,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,7 @@ DEFAULT_OP_TIMEOUT_S = 5.0
 DEFAULT_POLL_INTERVAL_S = 0.05
 DEFAULT_PUT_QUEUE_CHUNKS = 4096
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
+READER_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,12 @@ class L2AdapterBackend(StorageBackendInterface):
         # Store tasks go to the adapter from a thread of their own: an adapter whose
         # submit blocks (against its contract) must not hold up the caller's put.
         self._to_submit: queue.SimpleQueue[_StoreTask | None] = queue.SimpleQueue()
+        self._early_stores: dict[L2TaskId, L2StoreResult] = {}
+        # Lookup and load tasks are submitted from here for the same reason; a caller
+        # waits at most op_timeout_s whatever the adapter's submit does.
+        self._readers = ThreadPoolExecutor(
+            max_workers=READER_THREADS, thread_name_prefix=f"lmc-l2-read-{name}"
+        )
         self._index: OrderedDict[CacheEngineKey, _Entry] = OrderedDict()
         self._by_okey: dict[ObjectKey, CacheEngineKey] = {}
         self._pins: dict[CacheEngineKey, int] = {}
@@ -278,12 +286,15 @@ class L2AdapterBackend(StorageBackendInterface):
 
     def _collect(self) -> None:
         with self._tasks_lock:
-            has_stores = bool(self._stores)
             lookups = list(self._lookups)
             loads = list(self._loads)
-        if has_stores:
-            for task_id, result in self.adapter.pop_completed_store_tasks().items():
-                self._finish_store(task_id, result)
+        for task_id, result in self.adapter.pop_completed_store_tasks().items():
+            with self._tasks_lock:
+                task = self._stores.pop(task_id, None)
+                if task is None:  # finished before its submit returned
+                    self._early_stores[task_id] = result
+            if task is not None:
+                self._finish_store(task, result)
         for task_id in lookups:
             self._resolve(self._lookups, task_id, self.adapter.query_lookup_and_lock_result)
         for task_id in loads:
@@ -359,12 +370,18 @@ class L2AdapterBackend(StorageBackendInterface):
     def _submit_forever(self) -> None:
         while (task := self._to_submit.get()) is not None:
             try:
-                with self._tasks_lock:
-                    task_id = self.adapter.submit_store_task(task.okeys, task.objs)
-                    self._stores[task_id] = task
+                task_id = self.adapter.submit_store_task(task.okeys, task.objs)
             except Exception as exc:
                 self._problem("store", "store submit failed: %s", exc, exc=exc)
                 self._drop_store(task)
+                continue
+            with self._tasks_lock:
+                # The completion thread may have popped its result already.
+                early = self._early_stores.pop(task_id, None)
+                if early is None:
+                    self._stores[task_id] = task
+            if early is not None:
+                self._finish_store(task, early)
 
     def _drop_store(self, task: _StoreTask) -> None:
         """A store that will not land: references, in-flight keys and its future go."""
@@ -373,11 +390,7 @@ class L2AdapterBackend(StorageBackendInterface):
         self._puts.finish(task.keys)
         task.future.set_result(None)
 
-    def _finish_store(self, task_id: L2TaskId, result: L2StoreResult) -> None:
-        with self._tasks_lock:
-            task = self._stores.pop(task_id, None)
-        if task is None:
-            return
+    def _finish_store(self, task: _StoreTask, result: L2StoreResult) -> None:
         with self._lock:
             if result.is_successful():
                 for key, okey, obj in zip(task.keys, task.okeys, task.objs):
@@ -446,13 +459,34 @@ class L2AdapterBackend(StorageBackendInterface):
 
     # -- lookups --------------------------------------------------------------------------
 
+    def _submit_read(self, table: dict[L2TaskId, Future], submit: Callable[[], L2TaskId]) -> Future:
+        """A future for the result of a lookup or load task that a reader thread submits,
+        so a caller's wait stays bounded even if the adapter's submit blocks."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                task_id = submit()
+            except Exception as exc:
+                with contextlib.suppress(InvalidStateError):  # cancelled at close
+                    future.set_exception(exc)
+                return
+            with self._tasks_lock:
+                if not future.done():
+                    table[task_id] = future
+
+        try:
+            self._readers.submit(run)
+        except RuntimeError as exc:  # shut down: the tier is closing
+            future.set_exception(exc)
+        return future
+
     def _lookup(self, okeys: list[ObjectKey]) -> Bitmap | None:
         """The adapter's found-bitmap (its hits locked), or None on error or timeout."""
-        future: Future = Future()
+        future = self._submit_read(
+            self._lookups, lambda: self.adapter.submit_lookup_and_lock_task(okeys, {})
+        )
         try:
-            with self._tasks_lock:
-                task_id = self.adapter.submit_lookup_and_lock_task(okeys, {})
-                self._lookups[task_id] = future
             return future.result(timeout=self.op_timeout_s)  # type: ignore[no-any-return]
         except FutureTimeout:
             self._count(timeouts=1)
@@ -554,11 +588,10 @@ class L2AdapterBackend(StorageBackendInterface):
     def _load(self, okeys: list[ObjectKey], buffers: list[MemoryObj]) -> list[bool]:
         """Per buffer, whether the adapter filled it.  On a timeout the buffers stay the
         adapter's until it answers (they get a reference of their own, dropped then)."""
-        future: Future = Future()
+        future = self._submit_read(
+            self._loads, lambda: self.adapter.submit_load_task(okeys, buffers)
+        )
         try:
-            with self._tasks_lock:
-                task_id = self.adapter.submit_load_task(okeys, buffers)
-                self._loads[task_id] = future
             bitmap: Bitmap = future.result(timeout=self.op_timeout_s)
         except FutureTimeout:
             self._count(timeouts=1)
@@ -692,6 +725,7 @@ class L2AdapterBackend(StorageBackendInterface):
         if not self.wait_for_puts():
             self._problem("close", "closing with stores still in flight")
         self._closed.set()
+        self._readers.shutdown(wait=False, cancel_futures=True)
         self._to_submit.put(None)
         self._submitter.join(timeout=self._close_timeout_s)
         self._thread.join(timeout=self._close_timeout_s)
