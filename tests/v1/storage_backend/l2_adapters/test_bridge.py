@@ -413,3 +413,31 @@ def test_a_store_finished_before_its_submit_returns_still_lands(bridge_of: Any) 
     got = bridge.get_blocking(make_key(1))
     assert got is not None and torch.equal(got.tensor, expected_tensor(6))
     got.ref_count_down()
+
+
+def test_a_load_never_submitted_frees_its_buffer_at_close(
+    l1: LocalCPUBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lmcache.v1.storage_backend.l2_adapters.bridge as bridge_module
+
+    monkeypatch.setattr(bridge_module, "READER_THREADS", 1)
+    release = threading.Event()
+
+    class StuckLookups(MockL2Adapter):
+        def submit_lookup_and_lock_task(self, keys: Any, group_layout_descs: Any) -> int:
+            release.wait(10)
+            return super().submit_lookup_and_lock_task(keys, group_layout_descs)
+
+    adapter = StuckLookups(MockL2AdapterConfig(max_size_gb=0.01, mock_bandwidth_gb=10))
+    bridge = L2AdapterBackend(adapter, "L2Adapter0:test", l1, op_timeout_s=FAST)
+    try:
+        _store(bridge, [make_key(1)])
+        baseline = _used(l1)
+        assert not bridge.contains(make_key(1))  # holds the only reader thread
+        assert bridge.get_blocking(make_key(1)) is None  # queued behind it, timed out
+        assert _used(l1) > baseline
+        bridge.close()
+        assert _used(l1) == baseline
+    finally:
+        release.set()
+        bridge.close()

@@ -165,6 +165,7 @@ class L2AdapterBackend(StorageBackendInterface):
         # submit blocks (against its contract) must not hold up the caller's put.
         self._to_submit: queue.SimpleQueue[_StoreTask | None] = queue.SimpleQueue()
         self._early_stores: dict[L2TaskId, L2StoreResult] = {}
+        self._reads: set[Future] = set()  # lookup and load futures not answered yet
         # Lookup and load tasks are submitted from here for the same reason; a caller
         # waits at most op_timeout_s whatever the adapter's submit does.
         self._readers = ThreadPoolExecutor(
@@ -463,6 +464,9 @@ class L2AdapterBackend(StorageBackendInterface):
         """A future for the result of a lookup or load task that a reader thread submits,
         so a caller's wait stays bounded even if the adapter's submit blocks."""
         future: Future = Future()
+        with self._tasks_lock:
+            self._reads.add(future)
+        future.add_done_callback(self._read_done)
 
         def run() -> None:
             try:
@@ -480,6 +484,10 @@ class L2AdapterBackend(StorageBackendInterface):
         except RuntimeError as exc:  # shut down: the tier is closing
             future.set_exception(exc)
         return future
+
+    def _read_done(self, future: Future) -> None:
+        with self._tasks_lock:
+            self._reads.discard(future)
 
     def _lookup(self, okeys: list[ObjectKey]) -> Bitmap | None:
         """The adapter's found-bitmap (its hits locked), or None on error or timeout."""
@@ -744,7 +752,7 @@ class L2AdapterBackend(StorageBackendInterface):
                 queued.future.set_result(None)
         with self._tasks_lock:
             stores, self._stores = list(self._stores.values()), {}
-            waiting = [*self._lookups.values(), *self._loads.values()]
+            waiting = list(self._reads)  # submitted or not: each may hold buffers
             self._lookups, self._loads = {}, {}
         for task in stores:
             self._release(task.objs)
