@@ -441,3 +441,15 @@ def test_a_load_never_submitted_frees_its_buffer_at_close(
     finally:
         release.set()
         bridge.close()
+
+
+def test_an_event_fd_closed_under_the_bridge_falls_back_to_polling(bridge_of: Any) -> None:
+    adapter = _mock()
+    bridge = bridge_of(adapter)
+    _store(bridge, [make_key(1)], first_value=8)
+    adapter._load_efd.close()  # the adapter breaks its own load descriptor
+    time.sleep(0.2)
+    got = bridge.get_blocking(make_key(1))  # answered by polling, within the bound
+    assert got is not None and torch.equal(got.tensor, expected_tensor(8))
+    got.ref_count_down()
+    assert bridge._thread.is_alive()

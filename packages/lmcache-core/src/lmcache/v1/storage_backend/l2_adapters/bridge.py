@@ -157,9 +157,9 @@ class L2AdapterBackend(StorageBackendInterface):
         self._poll_interval_s = poll_interval_s
         self._close_timeout_s = close_timeout_s
         self._lock = threading.Lock()  # the index, pins and counters
-        # The task tables, held while submitting so the completion thread cannot see a
-        # result before its task; never taken by the listener (an adapter may notify from
-        # inside a submit).
+        # The task tables (stores, lookups, loads, early store results, open reads).  Never
+        # held while calling into the adapter (a submit may block) and never taken by the
+        # listener (an adapter may notify from inside a call).
         self._tasks_lock = threading.Lock()
         # Store tasks go to the adapter from a thread of their own: an adapter whose
         # submit blocks (against its contract) must not hold up the caller's put.
@@ -278,7 +278,15 @@ class L2AdapterBackend(StorageBackendInterface):
                 ready = poller.poll(self._poll_interval_s * 1000) if fds else []
                 if not fds:
                     self._closed.wait(self._poll_interval_s)
-                for fd, _ in ready:
+                for fd, events in ready:
+                    if events & _FD_GONE:
+                        # Closed or broken under us: poll it no more (else every poll
+                        # returns at once and this thread spins); results are still
+                        # collected every poll interval.
+                        self._problem("fd", "event fd %d is no longer valid; polling", fd)
+                        poller.unregister(fd)
+                        fds.remove(fd)
+                        continue
                     _drain(fd)
                 self._collect()
             except Exception as exc:  # the loop must outlive any adapter failure
@@ -761,6 +769,8 @@ class L2AdapterBackend(StorageBackendInterface):
         for future in waiting:
             future.cancel()  # runs the release callbacks of timed-out loads
 
+
+_FD_GONE = select.POLLNVAL | select.POLLERR | select.POLLHUP
 
 BRIDGE_EVICTION_POLICIES = ("LRU", "noop")
 """The ``"eviction"`` policies an adapter tier acts on (ARC and IsolatedLRU not yet)."""
