@@ -12,9 +12,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
-from mp_server_helpers import CHUNK_SIZE, ServerProcess, make_kv, unlink_kv
+from mp_server_helpers import CHUNK_SIZE, ServerProcess, free_port, make_kv, unlink_kv
 
 THIRD_PARTY = Path(__file__).resolve().parents[2] / "storage_backend" / "third_party_adapter"
 # ~200 KiB of L1: room for about 60 chunks of this layout, so a flood of other prefixes
@@ -87,10 +88,20 @@ class _Engine:
         unlink_kv(self.kv)
 
 
-def _start(tmp_path: Path, spec: dict[str, Any]) -> ServerProcess:
-    server = ServerProcess([*TINY_L1, "--l2-adapter", json.dumps(spec)], tmp_path / "server.log")
+def _start(tmp_path: Path, spec: dict[str, Any], *extra: str) -> ServerProcess:
+    args = [*TINY_L1, "--l2-adapter", json.dumps(spec), *extra]
+    server = ServerProcess(args, tmp_path / "server.log")
     server.wait_ready()
     return server
+
+
+def _l1_used_after_clear(http_port: int) -> int:
+    """Clear every cached object over HTTP, then L1's used bytes per ``/status``: what is
+    left is memory nobody can reach (a leaked buffer)."""
+    base = f"http://127.0.0.1:{http_port}"
+    assert httpx.post(f"{base}/cache/clear", json={"force": True}, timeout=10).status_code == 200
+    tiers = httpx.get(f"{base}/status", timeout=10).json()["tiers"]
+    return int(next(t for t in tiers if t["name"] == "LocalCPUBackend")["used_bytes"])
 
 
 @pytest.mark.usefixtures("third_party_on_path")
@@ -117,7 +128,8 @@ def test_third_party_adapter_serves_chunks_evicted_from_l1(tmp_path: Path) -> No
 def test_fault_injected_l2_reads_are_misses_not_errors(tmp_path: Path) -> None:
     stats = tmp_path / "adapter-stats.json"
     spec = {"type": "fault_inject", "rate": 1.0, "seed": 3, "inner": _plugin_spec(stats)}
-    server = _start(tmp_path, spec)
+    http_port = free_port()
+    server = _start(tmp_path, spec, "--http-port", str(http_port), "--enable-http-cache-clear")
     engine = _Engine(server)
     try:
         assert engine.worker.store(TOKENS, BLOCKS)
@@ -131,6 +143,8 @@ def test_fault_injected_l2_reads_are_misses_not_errors(tmp_path: Path) -> None:
         assert engine.worker.store(fresh, BLOCKS)
         assert engine.worker.retrieve(fresh, BLOCKS)
         assert server.proc.poll() is None
+        # No L1 buffer stayed behind for the failed L2 reads.
+        assert _l1_used_after_clear(http_port) == 0
     finally:
         engine.close()
         assert server.stop() == 0, server.log()
