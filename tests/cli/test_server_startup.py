@@ -88,6 +88,11 @@ BAD_FLAGS = {
     "log-level-verbose": (["--log-level", "verbose"], "DEBUG, INFO, WARNING"),
     "eviction-policy": (["--eviction-policy", "random"], "--eviction-policy"),
     "l2-adapter-type": (["--l2-adapter", '{"type": "nope"}'], "--l2-adapter"),
+    "l2-adapter-needs-a-service": (["--l2-adapter", '{"type": "s3"}'], "needs an S3"),
+    "l2-adapter-mock-fields": (
+        ["--l2-adapter", '{"type": "mock", "max_size_gb": 1}'],
+        "mock_bandwidth_gb",
+    ),
 }
 
 
@@ -133,6 +138,15 @@ def test_disk_tier_failing_after_l1_was_made_releases_l1(tmp_path: Path) -> None
     adapter = f'{{"type": "disk", "path": "{blocker}/sub", "size_gb": 1}}'
     result, leaked = _run_server([*SMALL, "--l2-adapter", adapter])
     _assert_one_line_error(result)
+    assert leaked == []
+
+
+def test_plugin_adapter_failing_after_l1_was_made_releases_l1() -> None:
+    """A plugin adapter is loaded after L1 exists; a module that does not import is a
+    one-line error naming it, and L1's segment goes."""
+    adapter = '{"type": "plugin", "module_path": "no_such_l2_module", "class_name": "A"}'
+    result, leaked = _run_server([*SMALL, "--l2-adapter", adapter])
+    _assert_one_line_error(result, "no_such_l2_module")
     assert leaked == []
 
 

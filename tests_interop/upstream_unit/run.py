@@ -60,11 +60,17 @@ SELECTED = (
     "tests/v1/distributed/test_quota_manager.py",
     "tests/v1/distributed/test_arc_eviction_policy.py",
     "tests/v1/distributed/test_cache_salt_l2_eviction.py",
+    # The L2 adapter interface (issue #30).
+    "tests/v1/distributed/test_l2_adapter_base.py",
+    "tests/v1/distributed/test_mock_l2_adapter.py",
+    "tests/v1/distributed/test_fault_inject_l2_adapter.py",
 )
 # Files copied along so the selected tests import as upstream lays them out.
 SUPPORT_FILES = (
     "tests/__init__.py",
     "tests/v1/__init__.py",
+    # The package guard (lmcache_native's Bitmap and PeriodicEventNotifier) and the
+    # conftest (a Bitmap fallback and the Valkey options) of tests/v1/distributed.
     "tests/v1/distributed/__init__.py",
     "tests/v1/distributed/conftest.py",
 )
@@ -89,6 +95,13 @@ _MP_INTERNALS = (
     "imports upstream modules or names that are missing here, mostly MP-server internals "
     "that lmcache-core's server (lmcache.v1.multiprocess.server) replaces rather than "
     "mirrors: "
+)
+
+
+_L2_OWN_TIER = (
+    "types fs, resp and valkey are served here by lmcache-core's own disk and Redis tiers, "
+    "not by adapters of upstream's L2 adapter interface (no facade over those tiers in that "
+    "interface yet), so this file cannot import upstream's "
 )
 
 
@@ -365,6 +378,21 @@ IGNORED: dict[str, str] = {
     "over lmcache.v1.distributed (not shipped)",
     "tests/v1/gpu_connector/test_per_layer_kv_tuple_format.py": "imports upstream's "
     "KV-layer-group manager (lmcache.v1.kv_layer_groups), which lmcache-core does not ship",
+    "tests/v1/distributed/test_l2_adapter_factory.py": "imports, at module level, upstream's "
+    "raw_block_l2_adapter (a raw block device adapter over its Rust I/O extension), an "
+    "adapter type refused here; the factory, plugin and mock registrations it covers are "
+    "tested in tests/v1/storage_backend/l2_adapters/test_adapter_types.py",
+    **{
+        f"tests/v1/distributed/{name}": _L2_OWN_TIER + reason
+        for name, reason in (
+            ("test_fs_l2_adapter_keys.py", "fs_l2_adapter (FSL2Adapter)"),
+            ("test_fs_l2_adapter_delete.py", "fs_l2_adapter (FSL2Adapter)"),
+            ("test_resp_env_vars.py", "resp_l2_adapter (RESPL2AdapterConfig)"),
+            ("test_resp_l2_adapter_integration.py", "resp_l2_adapter and its C++ client"),
+            ("test_valkey_l2_adapter.py", "valkey_l2_adapter (ValkeyL2Adapter)"),
+            ("test_valkey_l2_adapter_integration.py", "valkey_l2_adapter (ValkeyL2Adapter)"),
+        )
+    },
 }
 
 # Tests deselected one by one (pytest node ids): id -> reason.  Keep in step with

@@ -99,6 +99,17 @@ def backend_factory(
             backend = DictStoragePlugin(
                 config=make_config(), dst_device="cpu", local_cpu_backend=cpu
             )
+        elif kind == "l2adapter":
+            from lmcache.v1.storage_backend.l2_adapters.bridge import L2AdapterBackend
+            from lmcache.v1.storage_backend.l2_adapters.mock_l2_adapter import (
+                MockL2Adapter,
+                MockL2AdapterConfig,
+            )
+
+            cpu = LocalCPUBackend(make_config(local_cpu=False, **overrides))
+            made.append(cpu)
+            adapter = MockL2Adapter(MockL2AdapterConfig(max_size_gb=0.01, mock_bandwidth_gb=10))
+            backend = L2AdapterBackend(adapter, "L2Adapter0:mock", cpu)
         elif kind in ("redis", "redis_cluster"):
             from redis_servers import make_redis_backend
 
@@ -116,7 +127,7 @@ def backend_factory(
         backend.close()
 
 
-@pytest.fixture(params=["cpu", "disk", "manager", "plugin", "redis", "redis_cluster"])
+@pytest.fixture(params=["cpu", "disk", "manager", "plugin", "l2adapter", "redis", "redis_cluster"])
 def backend(request: pytest.FixtureRequest, backend_factory: Any) -> StorageBackendInterface:
     made: StorageBackendInterface = backend_factory(request.param)
     return made

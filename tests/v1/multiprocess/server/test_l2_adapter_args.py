@@ -19,7 +19,9 @@ def test_resp_adapter_parses() -> None:
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", 'must be a JSON object with a "type"'),
-        ('{"type": "s3"}', "type 's3' is not supported"),
+        ('{"type": "nope"}', "type 'nope' is not supported"),
+        ('{"type": "s3"}', "type 's3' is not available here: it needs an S3 object store"),
+        ('{"type": "dax"}', "needs a DAX"),
     ],
 )
 def test_bad_adapter_is_a_clear_error(raw: str, message: str) -> None:
@@ -44,3 +46,24 @@ def test_two_disk_tiers_are_refused() -> None:
 def test_disk_adapter_needs_a_path() -> None:
     with pytest.raises(ValueError, match='needs a "path"'):
         disk_tier(None, 0.0, [parse_l2_adapter('{"type": "fs"}')])
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            '{"type": "mock", "max_size_gb": 1, "mock_bandwidth_gb": 1, '
+            '"eviction": {"eviction_policy": "ARC"}}',
+            "'ARC' is not available on L2 adapter tiers yet",
+        ),
+        ('{"type": "mock", "max_size_gb": 1}', "mock_bandwidth_gb must be a positive number"),
+        (
+            '{"type": "fault_inject", "inner": {"type": "resp", "url": "redis://h"}}',
+            "unknown L2 adapter type 'resp'",
+        ),
+    ],
+)
+def test_adapter_interface_specs_are_checked_before_start(spec: str, message: str) -> None:
+    config = MPServerConfig(l1_size_gb=0.01, l2_adapters=[spec])
+    with pytest.raises(ValueError, match=message):
+        config.tier_settings()

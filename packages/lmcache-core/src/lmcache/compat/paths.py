@@ -38,6 +38,7 @@ UPSTREAM_PATHS: Mapping[str, str] = {
     "lmcache.lmcache_native": f"{_C}.lmcache_native",
     "lmcache.observability": f"{_C}.observability",
     "lmcache.v1.distributed": f"{_C}.distributed",
+    "lmcache.v1.distributed.l2_adapters": "lmcache.v1.storage_backend.l2_adapters",
     "lmcache.v1.distributed.quota_manager": "lmcache.v1.storage_backend.quota",
     "lmcache.v1.exceptions": f"{_C}.exceptions",
     "lmcache.v1.gpu_connector": f"{_C}.gpu_connector",

@@ -180,8 +180,11 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         metavar="JSON",
         help=(
             "Add an L2 tier (repeatable), upstream's JSON form: "
-            '\'{"type": "resp", "url": "redis://127.0.0.1:6379"}\' (also "redis", "valkey") '
-            'or \'{"type": "disk", "path": "/data", "size_gb": 10}\' (also "fs").'
+            '\'{"type": "resp", "url": "redis://127.0.0.1:6379"}\' (also "redis", "valkey"), '
+            '\'{"type": "disk", "path": "/data", "size_gb": 10}\' (also "fs"), or an adapter '
+            "of upstream's L2 adapter interface: "
+            '\'{"type": "plugin", "module_path": "pkg.mod", "class_name": "MyAdapter"}\', '
+            '"mock", "fault_inject".'
         ),
     )
     add_storage_manager_args(parser)

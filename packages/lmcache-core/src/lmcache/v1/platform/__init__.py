@@ -6,10 +6,10 @@ Nothing here touches a plugin at import time: the registry is built lazily on fi
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from lmcache.v1.platform.base.device_spec import DeviceSpec
+from lmcache.v1.platform.notifiers import HAS_EVENTFD, consume_fd, create_event_notifier
 from lmcache.v1.platform.ops_resolver import set_device_ops_resolver
 from lmcache.v1.platform.registry import (
     DEVICE_BACKEND_ENV_VAR,
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
     from lmcache.v1.platform.base.device_ops import DeviceOps
     from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
     from lmcache.v1.platform.base.streams import DeviceLike
-
-#: Whether :func:`os.eventfd` exists (Linux, Python 3.10+); upstream exports it here.
-HAS_EVENTFD: bool = hasattr(os, "eventfd")
 
 # Upstream exposes the *selected spec instance* under this name; we keep the name.
 _LAZY_ATTRIBUTES = ("torch_dev", "torch_device_type", "current_device_spec")
@@ -121,6 +118,8 @@ __all__ = [
     "DeviceOps",
     "DeviceSpec",
     "HAS_EVENTFD",
+    "consume_fd",
+    "create_event_notifier",
     "current_device_spec",
     "get_current_device_spec",
     "get_device_spec",

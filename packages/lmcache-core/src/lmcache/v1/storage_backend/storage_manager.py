@@ -56,10 +56,11 @@ def create_storage_backends(
     quota_manager: QuotaManager | None = None,
 ) -> OrderedDict[str, StorageBackendInterface]:
     """Backends in lookup order, keyed as upstream ("LocalCPUBackend", "LocalDiskBackend",
-    the Redis tiers, then plugin names).  The CPU backend is always created: every tier
-    allocates from it.  ``config`` is the engine config or the :class:`TierSettings` built
-    from either config (the cache server's flags).  L1 and the disk tier share
-    ``quota_manager`` (a fresh one when not given; it is L1's ``quota_manager``)."""
+    the Redis tiers, the L2 adapter tiers, then plugin names).  The CPU backend is always
+    created: every tier allocates from it.  ``config`` is the engine config or the
+    :class:`TierSettings` built from either config (the cache server's flags).  L1 and the
+    disk tier share ``quota_manager`` (a fresh one when not given; it is L1's
+    ``quota_manager``)."""
     settings = (
         config if isinstance(config, TierSettings) else TierSettings.from_engine_config(config)
     )
@@ -81,6 +82,7 @@ def create_storage_backends(
                 engine_config, cpu, metadata, dst_device, quota_manager=cpu.quota_manager
             )
         _add_remote_tiers(settings, metadata, loop, cpu, dst_device, backends)
+        _add_adapter_tiers(settings, cpu, dst_device, backends)
         storage_plugin_launcher(engine_config, metadata, loop, cpu, dst_device, backends)
     except BaseException:
         _close_quietly(backends)  # a tier that cannot start must not leak the ones before it
@@ -105,6 +107,31 @@ def _add_remote_tiers(
             dst_device, settings.config, metadata, cpu, loop, settings=tier.settings
         )
         logger.info("remote tier %s added", tier.name)
+
+
+def _add_adapter_tiers(
+    settings: TierSettings,
+    cpu: LocalCPUBackend,
+    dst_device: str,
+    backends: OrderedDict[str, StorageBackendInterface],
+) -> None:
+    """A bridged tier per adapter-interface ``--l2-adapter`` (mock, plugin, fault_inject)."""
+    if not settings.adapters:
+        return
+    from lmcache.v1.storage_backend.l2_adapters.bridge import L2AdapterBackend
+    from lmcache.v1.storage_backend.l2_adapters.factory import create_l2_adapter_from_registry
+
+    for tier in settings.adapters:
+        adapter = create_l2_adapter_from_registry(tier.config)
+        try:
+            adapter.set_backend_identity(tier.name.split(":", 1)[1], shared=tier.config.shared)
+            backends[tier.name] = L2AdapterBackend(
+                adapter, tier.name, cpu, dst_device, eviction=tier.config.eviction_config
+            )
+        except BaseException:
+            adapter.close()  # not a backend yet, so _close_quietly would not reach it
+            raise
+        logger.info("L2 adapter tier %s added (%s)", tier.name, type(adapter).__name__)
 
 
 def _close_quietly(backends: OrderedDict[str, StorageBackendInterface]) -> None:

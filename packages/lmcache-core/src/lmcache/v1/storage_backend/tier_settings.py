@@ -20,6 +20,12 @@ from typing import Any
 
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.storage_backend.l1_settings import STORE_POLICIES, L1Settings
+from lmcache.v1.storage_backend.l2_adapters.bridge import check_bridge_eviction
+from lmcache.v1.storage_backend.l2_adapters.config import (
+    L2AdapterConfigBase,
+    get_registered_l2_adapter_types,
+    parse_adapter_spec,
+)
 from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES, RedisSettings, is_redis_url
 
 logger = logging.getLogger(__name__)
@@ -29,6 +35,37 @@ DEFAULT_DISK_ADAPTER_SIZE_GB = 10.0
 REMOTE_NAME = "RemoteBackend"
 """Upstream's name of the tier that ``remote_url`` configures."""
 ADOPT_OPTION = "local_disk.adopt"
+
+_ABSENT = "which this build does not ship"
+UNAVAILABLE_ADAPTER_TYPES: Mapping[str, str] = {
+    "s3": f"needs an S3 object store and upstream's AWS CRT client, {_ABSENT}",
+    "p2p": "needs peers speaking upstream's MP-server controller protocol, which this server "
+    "does not speak",
+    "nixl_store": f"needs NVIDIA NIXL (GPU-direct storage transfer), {_ABSENT}",
+    "nixl_store_dynamic": f"needs NVIDIA NIXL (GPU-direct storage transfer), {_ABSENT}",
+    "nixl_native": f"needs NVIDIA NIXL (GPU-direct storage transfer), {_ABSENT}",
+    "mooncake_store": f"needs a Mooncake store cluster and its client library, {_ABSENT}",
+    "dax": "needs a DAX (persistent-memory) device, which this machine does not have",
+    "raw_block": f"needs a raw block device and upstream's Rust I/O extension, {_ABSENT}",
+    "fs_native": f"needs upstream's C++ file connector, {_ABSENT}; type fs is the disk tier",
+    "native_connector": f"needs upstream's C++ connector extension, {_ABSENT}",
+    "native_plugin": f"needs a C++ connector built against upstream's native ABI, {_ABSENT}",
+    "hf3fs": f"needs the 3FS distributed file system and its client, {_ABSENT}",
+    "hfbucket": f"needs a Hugging Face storage bucket client, {_ABSENT}",
+    "bigtable": f"needs Google Cloud Bigtable and its client, {_ABSENT}",
+    "aerospike": f"needs an Aerospike cluster and its client, {_ABSENT}",
+    "sagemaker_hyperpod": f"needs an AWS SageMaker HyperPod cluster client, {_ABSENT}",
+}
+"""Upstream adapter types that need hardware or a service absent here: type -> why."""
+
+
+@dataclass(frozen=True)
+class AdapterTier:
+    """A tier driven through the L2 adapter interface (the bridge): its name among the
+    backends and its parsed adapter config."""
+
+    name: str
+    config: L2AdapterConfigBase
 
 
 @dataclass(frozen=True)
@@ -51,6 +88,7 @@ class TierSettings:
     the engine config says (on-demand eviction only)."""
     store_policy: str = "default"
     """``--l2-store-policy`` (:data:`~.l1_settings.STORE_POLICIES`)."""
+    adapters: tuple[AdapterTier, ...] = ()
 
     @property
     def disk_enabled(self) -> bool:
@@ -91,7 +129,9 @@ class TierSettings:
         store_policy: str = "default",
     ) -> TierSettings:
         """The tiers of ``lmcache server``: L1, the disk tier from ``--l2-disk-*`` or one
-        disk adapter, and a Redis tier per Redis ``--l2-adapter`` ("L2Adapter<i>:<type>")."""
+        disk adapter, a Redis tier per Redis ``--l2-adapter`` ("L2Adapter<i>:<type>", i
+        counting Redis adapters), and a bridged tier per adapter-interface ``--l2-adapter``
+        (mock, plugin, fault_inject, ...; "L2Adapter<i>:<type>", i its flag position)."""
         if store_policy not in STORE_POLICIES:
             raise ValueError(
                 f"--l2-store-policy {store_policy!r} is not one of {', '.join(STORE_POLICIES)}"
@@ -115,7 +155,7 @@ class TierSettings:
             RemoteTier(f"L2Adapter{i}:{spec['type']}", RedisSettings.from_l2_adapter(spec))
             for i, spec in enumerate(redis_specs)
         )
-        return cls(config, remote, l1, store_policy)
+        return cls(config, remote, l1, store_policy, interface_adapter_tiers(adapters))
 
 
 def parse_l2_adapter(raw: str) -> dict[str, Any]:
@@ -126,12 +166,43 @@ def parse_l2_adapter(raw: str) -> dict[str, Any]:
         raise ValueError(f"--l2-adapter {raw!r} is not valid JSON: {exc}") from exc
     if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
         raise ValueError(f'--l2-adapter {raw!r} must be a JSON object with a "type"')
-    known = (*L2_ADAPTER_TYPES, *DISK_ADAPTER_TYPES)
-    if spec["type"] not in known:
+    kind = spec["type"]
+    if kind in UNAVAILABLE_ADAPTER_TYPES:
         raise ValueError(
-            f"--l2-adapter type {spec['type']!r} is not supported; supported: {', '.join(known)}"
+            f"--l2-adapter type {kind!r} is not available here: it "
+            f"{UNAVAILABLE_ADAPTER_TYPES[kind]}"
+        )
+    known = (*L2_ADAPTER_TYPES, *DISK_ADAPTER_TYPES, *get_registered_l2_adapter_types())
+    if kind not in known:
+        raise ValueError(
+            f"--l2-adapter type {kind!r} is not supported; supported: {', '.join(known)}"
         )
     return spec
+
+
+def is_interface_adapter(spec: Mapping[str, Any]) -> bool:
+    """Whether ``spec`` is served through the L2 adapter interface (not Redis or disk)."""
+    return spec["type"] not in (*L2_ADAPTER_TYPES, *DISK_ADAPTER_TYPES)
+
+
+def interface_adapter_tiers(adapters: Sequence[dict[str, Any]]) -> tuple[AdapterTier, ...]:
+    """The bridged tiers of parsed ``--l2-adapter`` specs, each config checked now (before
+    any memory exists).  ``"serde"`` is refused until a serde layer wraps adapters."""
+    tiers = []
+    for i, spec in enumerate(adapters):
+        if not is_interface_adapter(spec):
+            continue
+        config = parse_adapter_spec(spec, f"--l2-adapter #{i + 1}")
+        if config.serde_config is not None:
+            # Hook for the serde layer: it wraps the adapter built from this config.
+            raise ValueError(
+                f'--l2-adapter #{i + 1} ({spec["type"]!r}): "serde" is not supported '
+                "on adapter-interface tiers in this build"
+            )
+        name = f"L2Adapter{i}:{spec['type']}"
+        check_bridge_eviction(config.eviction_config, f"--l2-adapter #{i + 1} ({name})")
+        tiers.append(AdapterTier(name, config))
+    return tuple(tiers)
 
 
 def disk_tier(

@@ -5,8 +5,8 @@ general-purpose helpers its MP server is written against (a bitmap, a periodic f
 notifier, a counting lock with a TTL, integer-sequence pattern matchers).  Code written for upstream
 feature-detects them on ``lmcache.lmcache_native`` (its test suites skip without them),
 so they are provided here, one per module, with upstream's Python API and semantics,
-and re-exported from :mod:`upstream_056.lmcache_native`.  Nothing here imports the rest of
-lmcache.
+and re-exported from :mod:`upstream_056.lmcache_native`.  ``Bitmap`` is the product's
+(:mod:`lmcache.v1.storage_backend.l2_adapters.bitmap`: L2 adapters answer with one).
 """
 
 from lmcache.compat.upstream_056.native_compat.bitmap import Bitmap
