@@ -33,6 +33,7 @@ from lmcache.v1.storage_backend.abstract_backend import (
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 from lmcache.v1.storage_backend.plugins import storage_plugin_launcher
+from lmcache.v1.storage_backend.serde import wrap_with_serde
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ def create_storage_backends(
         cpu = LocalCPUBackend(engine_config, metadata, dst_device, memory_allocator, shm_name)
         backends[L1_NAME] = cpu
         if settings.disk_enabled:
-            backends[L2_NAME] = LocalDiskBackend(engine_config, cpu, metadata, dst_device)
+            disk = LocalDiskBackend(engine_config, cpu, metadata, dst_device)
+            backends[L2_NAME] = disk
+            backends[L2_NAME] = wrap_with_serde(disk, settings.disk_serde, cpu)
         _add_remote_tiers(settings, metadata, loop, cpu, dst_device, backends)
         storage_plugin_launcher(engine_config, metadata, loop, cpu, dst_device, backends)
     except BaseException:
@@ -84,9 +87,11 @@ def _add_remote_tiers(
     from lmcache.v1.storage_backend.redis.backend import RedisBackend  # redis-py only if used
 
     for tier in settings.remote:
-        backends[tier.name] = RedisBackend(
+        redis = RedisBackend(
             dst_device, settings.config, metadata, cpu, loop, settings=tier.settings
         )
+        backends[tier.name] = redis  # closed on a failed start-up even if wrapping fails
+        backends[tier.name] = wrap_with_serde(redis, tier.serde, cpu)
         logger.info("remote tier %s added", tier.name)
 
 

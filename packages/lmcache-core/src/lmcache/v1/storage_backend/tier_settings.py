@@ -20,6 +20,7 @@ from typing import Any
 
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES, RedisSettings, is_redis_url
+from lmcache.v1.storage_backend.serde import SerdeConfig, build_chunk_serde, parse_serde_config
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class RemoteTier:
 
     name: str
     settings: RedisSettings
+    serde: SerdeConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class TierSettings:
 
     config: LMCacheEngineConfig
     remote: tuple[RemoteTier, ...] = ()
+    disk_serde: SerdeConfig | None = None
+    """The disk tier's ``"serde"`` (from its ``--l2-adapter``), or None."""
 
     @property
     def disk_enabled(self) -> bool:
@@ -85,6 +89,7 @@ class TierSettings:
         """The tiers of ``lmcache server``: L1, the disk tier from ``--l2-disk-*`` or one
         disk adapter, and a Redis tier per Redis ``--l2-adapter`` ("L2Adapter<i>:<type>")."""
         adapters = [parse_l2_adapter(raw) for raw in l2_adapters]
+        serdes = [adapter_serde(a) for a in adapters]
         disk_path, disk_size_gb = disk_tier(l2_disk_path, l2_disk_size_gb, adapters)
         adopt = disk_adopt(l2_disk_adopt, adapters)
         config = LMCacheEngineConfig(
@@ -96,12 +101,13 @@ class TierSettings:
             blocking_timeout_secs=blocking_timeout_secs,
             extra_config={ADOPT_OPTION: True} if adopt else None,
         )
-        redis_specs = [a for a in adapters if a["type"] in L2_ADAPTER_TYPES]
+        redis_specs = [(a, s) for a, s in zip(adapters, serdes) if a["type"] in L2_ADAPTER_TYPES]
         remote = tuple(
-            RemoteTier(f"L2Adapter{i}:{spec['type']}", RedisSettings.from_l2_adapter(spec))
-            for i, spec in enumerate(redis_specs)
+            RemoteTier(f"L2Adapter{i}:{spec['type']}", RedisSettings.from_l2_adapter(spec), serde)
+            for i, (spec, serde) in enumerate(redis_specs)
         )
-        return cls(config, remote)
+        disk_serdes = [s for a, s in zip(adapters, serdes) if a["type"] in DISK_ADAPTER_TYPES]
+        return cls(config, remote, disk_serdes[0] if disk_serdes else None)
 
 
 def parse_l2_adapter(raw: str) -> dict[str, Any]:
@@ -118,6 +124,20 @@ def parse_l2_adapter(raw: str) -> dict[str, Any]:
             f"--l2-adapter type {spec['type']!r} is not supported; supported: {', '.join(known)}"
         )
     return spec
+
+
+def adapter_serde(spec: dict[str, Any]) -> SerdeConfig | None:
+    """Take the ``"serde"`` object out of an adapter spec (the tier's own options stay);
+    its errors -- unknown type or field, unreadable key -- name the adapter, at start-up."""
+    if "serde" not in spec:
+        return None
+    where = f"--l2-adapter type {spec['type']!r}"
+    config = parse_serde_config(spec.pop("serde"), where)
+    try:
+        build_chunk_serde(config)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    return config
 
 
 def disk_tier(

@@ -1,0 +1,92 @@
+"""``asym_k16_v8``: keys kept at the model's dtype (16-bit), values stored as scaled fp8.
+
+Keys are more sensitive to quantization than values (they go through the softmax), so
+this serde keeps them bit-exact and spends one byte per value element: a 16-bit chunk
+shrinks to 3/4 of its size (plus 8 bytes for the scale).
+
+Values are scaled per chunk (``scale = max|V| / fp8 max``, 1.0 for an all-zero V) before
+the cast, so the whole fp8 range is used whatever the magnitude of V.  Error bound per
+value element ``v`` (e4m3fn; the fp32 dequantisation result is then rounded to the
+chunk's dtype): ``|v - v'| <= 2**-4 * |v| + scale * 2**-10``.
+
+The chunk's layout says where K and V are: dimension 0 of ``KV_2LTD`` and ``KV_2TD``,
+dimension 1 of ``KV_T2D``.  Other layouts (MLA's single latent, raw buffers) have no V
+to compress: encoding them raises :class:`SerdeError` and the tier skips the chunk.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from lmcache.v1.memory.format import MemoryFormat
+from lmcache.v1.storage_backend.serde.base import SerdeError, TensorStage, layout_numel
+from lmcache.v1.storage_backend.serde.fp8 import FP8_DTYPES, fp8_name
+
+KV_DIM: dict[MemoryFormat, int] = {
+    MemoryFormat.KV_2LTD: 0,
+    MemoryFormat.KV_2TD: 0,
+    MemoryFormat.KV_T2D: 1,
+}
+_SCALE = struct.Struct("<f4x")  # padded to 8 bytes: K after it stays aligned for any dtype
+
+
+def _split_kv(t: torch.Tensor, fmt: MemoryFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    dim = KV_DIM.get(fmt)
+    if dim is None or t.dim() <= dim or t.shape[dim] != 2:
+        raise SerdeError(f"asym_k16_v8 needs a K/V chunk (KV_2LTD, KV_2TD, KV_T2D), got {fmt}")
+    return t.select(dim, 0), t.select(dim, 1)
+
+
+class AsymK16V8Stage(TensorStage):
+    """The ``asym_k16_v8`` stage: ``scale f32, 4 zero bytes | K bytes | V as fp8``."""
+
+    def __init__(self, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> None:
+        if fp8_dtype not in FP8_DTYPES.values():
+            raise ValueError(f"fp8_dtype {fp8_dtype} is not one of {', '.join(FP8_DTYPES)}")
+        self.fp8_dtype = fp8_dtype
+
+    @property
+    def spec(self) -> str:
+        return f"asym_k16_v8:{fp8_name(self.fp8_dtype)}"
+
+    def _one_part(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        if len(parts) != 1:
+            raise SerdeError(f"asym_k16_v8 needs a one-tensor chunk, got {len(parts)} parts")
+        t = parts[0]
+        if not t.dtype.is_floating_point or t.dtype in FP8_DTYPES.values():
+            raise SerdeError(f"asym_k16_v8 needs floating-point KV, got {t.dtype}")
+        return t
+
+    def encode(self, parts: list[torch.Tensor], fmt: MemoryFormat) -> torch.Tensor:
+        k, v = _split_kv(self._one_part(parts), fmt)
+        v32 = v.float()
+        amax = float(v32.abs().max()) if v32.numel() else 0.0
+        limit = torch.finfo(self.fp8_dtype).max
+        # amax is finite unless V holds inf/NaN; then a unit scale saturates the infinities
+        # and keeps NaN as NaN rather than turning every element into NaN.
+        scale = amax / limit if 0.0 < amax < float("inf") else 1.0
+        q = (v32 / scale).clamp(-limit, limit).to(self.fp8_dtype)
+        head = torch.frombuffer(bytearray(_SCALE.pack(scale)), dtype=torch.uint8)
+        k_bytes = k.contiguous().reshape(-1).view(torch.uint8)
+        return torch.cat([head, k_bytes, q.reshape(-1).view(torch.uint8)])
+
+    def decode(self, payload: torch.Tensor, out: list[torch.Tensor], fmt: MemoryFormat) -> None:
+        k_out, v_out = _split_kv(self._one_part(out), fmt)
+        k_len = k_out.numel() * k_out.element_size()
+        needed = _SCALE.size + k_len + v_out.numel()
+        if payload.numel() != needed:
+            raise SerdeError(
+                f"asym_k16_v8 payload holds {payload.numel()} bytes, chunk needs {needed}"
+            )
+        (scale,) = _SCALE.unpack(payload[: _SCALE.size].numpy().tobytes())
+        k_raw = payload[_SCALE.size : _SCALE.size + k_len]
+        k_out.copy_(k_raw.view(k_out.dtype).reshape(k_out.shape))
+        q = payload[_SCALE.size + k_len :].view(self.fp8_dtype).reshape(v_out.shape)
+        v_out.copy_(q.float() * scale)
+
+    def encoded_size(self, shapes: list[torch.Size], dtypes: list[torch.dtype]) -> int:
+        total = layout_numel(shapes)[0]
+        half = total // 2
+        return _SCALE.size + half * dtypes[0].itemsize + half
