@@ -21,7 +21,12 @@ import struct
 import torch
 
 from lmcache.v1.memory.format import MemoryFormat
-from lmcache.v1.storage_backend.serde.base import SerdeError, TensorStage, layout_numel
+from lmcache.v1.storage_backend.serde.base import (
+    SerdeError,
+    TensorStage,
+    byte_tensor,
+    layout_numel,
+)
 from lmcache.v1.storage_backend.serde.fp8 import FP8_DTYPES, fp8_name
 
 KV_DIM: dict[MemoryFormat, int] = {
@@ -68,7 +73,7 @@ class AsymK16V8Stage(TensorStage):
         # and keeps NaN as NaN rather than turning every element into NaN.
         scale = amax / limit if 0.0 < amax < float("inf") else 1.0
         q = (v32 / scale).clamp(-limit, limit).to(self.fp8_dtype)
-        head = torch.frombuffer(bytearray(_SCALE.pack(scale)), dtype=torch.uint8)
+        head = byte_tensor(_SCALE.pack(scale))
         k_bytes = k.contiguous().reshape(-1).view(torch.uint8)
         return torch.cat([head, k_bytes, q.reshape(-1).view(torch.uint8)])
 

@@ -37,7 +37,7 @@ from lmcache.v1.storage_backend.abstract_backend import (
 )
 from lmcache.v1.storage_backend.chunk_format import allocate_for_read
 from lmcache.v1.storage_backend.put_tasks import PutTasks
-from lmcache.v1.storage_backend.serde.base import SerdeError
+from lmcache.v1.storage_backend.serde.base import SerdeError, byte_tensor
 from lmcache.v1.storage_backend.serde.chunk_serde import ChunkSerde
 
 logger = logging.getLogger(__name__)
@@ -45,11 +45,7 @@ logger = logging.getLogger(__name__)
 
 def blob_object(blob: bytes) -> TensorMemoryObj:
     """``blob`` as a standalone memory object (uint8, ``BINARY``) a tier can store."""
-    raw = (
-        torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        if blob
-        else torch.empty(0, dtype=torch.uint8)
-    )
+    raw = byte_tensor(blob)
     meta = MemoryObjMetadata(
         shape=torch.Size([len(blob)]),
         dtype=torch.uint8,

@@ -126,6 +126,14 @@ def key_salt(key: Any) -> str:
     return str(getattr(key, "cache_salt", "") or "")
 
 
+def byte_tensor(data: bytes | bytearray | memoryview) -> torch.Tensor:
+    """A fresh flat uint8 tensor holding ``data`` (empty data included, which
+    ``torch.frombuffer`` refuses); fresh, so wider dtypes can view it aligned."""
+    if len(data) == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 def layout_numel(shapes: Any) -> list[int]:
     """Element count of each shape."""
     counts = []

@@ -29,6 +29,7 @@ from lmcache.v1.storage_backend.serde.base import (
     ByteStage,
     SerdeError,
     TensorStage,
+    byte_tensor,
     key_salt,
 )
 
@@ -159,7 +160,7 @@ class ChunkSerde:
             out[:] = body
             return
         # A fresh buffer: the tensor stage views it as wider dtypes, which needs alignment.
-        payload = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+        payload = byte_tensor(body)
         self.tensor_stage.decode(payload, _parts(obj), obj.get_memory_format())
 
     def _read_header(
