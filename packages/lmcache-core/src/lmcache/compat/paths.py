@@ -37,6 +37,10 @@ _MP = "lmcache.v1.multiprocess"
 UPSTREAM_PATHS: Mapping[str, str] = {
     "lmcache.lmcache_native": f"{_C}.lmcache_native",
     "lmcache.observability": f"{_C}.observability",
+    "lmcache.v1.distributed": f"{_C}.distributed",
+    "lmcache.v1.distributed.serde.aesgcm": "lmcache.v1.storage_backend.serde.aesgcm",
+    "lmcache.v1.distributed.serde.fp8": "lmcache.v1.storage_backend.serde.fp8",
+    "lmcache.v1.distributed.serde.key_provider": "lmcache.v1.storage_backend.serde.key_provider",
     "lmcache.v1.exceptions": f"{_C}.exceptions",
     "lmcache.v1.gpu_connector": f"{_C}.gpu_connector",
     "lmcache.v1.internal_api_server": f"{_C}.internal_api_server",
