@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from prerequisites import require_module
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.storage_backend.cache_salt import configs_with_salt
@@ -22,7 +23,9 @@ from lmcache.v1.storage_backend.serde.chunk_serde import ChunkSerde
 from lmcache.v1.storage_backend.storage_manager import StorageManager, create_storage_backends
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
-pytest.importorskip("cryptography")
+require_module(
+    "cryptography", "the aesgcm serde needs cryptography (pip install 'lmcache-core[encryption]')"
+)
 
 SHAPE = torch.Size([2, 2, 16, 32])
 KEY_ENV = "LMC_TEST_SERDE_BACKEND_KEY"

@@ -8,10 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from prerequisites import require_module
 
 from lmcache.bench import storage
 
-pytest.importorskip("cryptography")
+require_module(
+    "cryptography", "the aesgcm serde needs cryptography (pip install 'lmcache-core[encryption]')"
+)
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prerequisites import require_module
 
 from lmcache.v1.storage_backend.serde import (
     SerdeConfig,
@@ -18,7 +19,9 @@ from lmcache.v1.storage_backend.serde import (
 )
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
-pytest.importorskip("cryptography")
+require_module(
+    "cryptography", "the aesgcm serde needs cryptography (pip install 'lmcache-core[encryption]')"
+)
 
 
 @pytest.fixture
@@ -121,5 +124,5 @@ def test_adapter_without_serde(tmp_path: Path) -> None:
 def test_bad_serde_names_the_adapter(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--l2-adapter type 'disk': serde 'fp8': unknown field"):
         settings({"type": "disk", "path": str(tmp_path), "serde": {"type": "fp8", "bits": 8}})
-    with pytest.raises(ValueError, match="'serde' must be a dict.*--l2-adapter type 'resp'"):
+    with pytest.raises(ValueError, match=r"'serde' must be a dict.*--l2-adapter type 'resp'"):
         settings({"type": "resp", "url": "redis://127.0.0.1:1", "serde": "fp8"})

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prerequisites import require_module
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory.base import MemoryObj
@@ -21,7 +22,9 @@ from lmcache.v1.storage_backend.chunk_format import allocate_for_read
 from lmcache.v1.storage_backend.serde import SerdeConfig, SerdeError, build_chunk_serde
 from lmcache.v1.storage_backend.serde.chunk_serde import ChunkSerde
 
-pytest.importorskip("cryptography")
+require_module(
+    "cryptography", "the aesgcm serde needs cryptography (pip install 'lmcache-core[encryption]')"
+)
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # |x - x'| <= REL * |x| + ABS within the fp8 range (see the fp8 module).
