@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import torch
@@ -114,9 +115,7 @@ class SerdeBackend(StorageBackendInterface):
         for key, obj in zip(keys, objs):
             if self.inner.contains(self._stored(key)):
                 continue
-            future = self._puts.start(
-                [key], lambda _k, k=key, o=obj: self._queue(k, o, on_complete_callback)
-            )
+            future = self._puts.start([key], partial(self._queue, key, obj, on_complete_callback))
             if future is not None:
                 futures.append(future)
         return futures
@@ -126,6 +125,7 @@ class SerdeBackend(StorageBackendInterface):
         key: CacheEngineKey,
         obj: MemoryObj,
         callback: Callable[[CacheEngineKey], None] | None,
+        _fresh: list[CacheEngineKey],
     ) -> Future:
         obj.ref_count_up()  # ours until the encoding is done
         return self._executor.submit(self._encode_and_store, key, obj, callback)

@@ -117,7 +117,8 @@ class ChunkSerde:
         body: bytes | memoryview
         if self.tensor_stage is not None:
             encoded = self.tensor_stage.encode(_parts(obj), obj.get_memory_format())
-            body = memoryview(encoded.numpy()).cast("B")
+            array: Any = encoded.numpy()
+            body = memoryview(array).cast("B")
         else:
             body = obj.byte_array
         if self.byte_stages:
