@@ -191,9 +191,9 @@ def test_aesgcm_fresh_nonce_per_chunk() -> None:
             id="ciphertext",
         ),
         pytest.param(lambda blob, k: (blob, key("bob")), id="other-tenant"),
-        pytest.param(lambda blob, k: (blob, key(chunk=8)), id="other-chunk"),
+        pytest.param(lambda blob, k: (blob, key("alice", chunk=8)), id="other-chunk"),
         pytest.param(
-            lambda blob, k: (blob.replace(b'"used_size":null', b'"used_size":128 '), k), id="header"
+            lambda blob, k: (blob.replace(b'"fmt":1', b'"fmt":3'), k), id="header"
         ),
     ],
 )
