@@ -166,7 +166,7 @@ class CountingSerde(ChunkSerde):
         self.encodes = 0
         self.decodes = 0
 
-    def encode(self, key: Any, obj: Any) -> bytes:
+    def encode(self, key: Any, obj: Any) -> bytearray:
         self.encodes += 1
         return super().encode(key, obj)
 
@@ -213,7 +213,7 @@ def test_put_does_not_encode_on_the_callers_thread(disk_adapter: dict[str, Any])
         threads: list[str] = []
         real = tier.serde.encode
 
-        def spy(k: Any, obj: Any) -> bytes:
+        def spy(k: Any, obj: Any) -> bytearray:
             threads.append(threading.current_thread().name)
             return real(k, obj)
 

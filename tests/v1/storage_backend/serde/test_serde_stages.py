@@ -31,6 +31,8 @@ FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 FP8_BOUNDS = {"float8_e4m3fn": (2.0**-4, 2.0**-10), "float8_e5m2": (2.0**-3, 2.0**-17)}
 # Rounding the fp32 dequantised value to the chunk's dtype adds this relative error.
 DTYPE_REL = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+# ... and, in the dtype's subnormal range, half its smallest step.
+DTYPE_ABS = {torch.float16: 2.0**-25, torch.bfloat16: 2.0**-134, torch.float32: 2.0**-150}
 
 MASTER = os.urandom(32)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -110,6 +112,23 @@ def test_fp8_saturates_instead_of_nan(fp8: str) -> None:
     assert back.tolist()[0][:3] == [limit, -limit, limit]
 
 
+@pytest.mark.parametrize("fp8", sorted(FP8_BOUNDS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp8_lookup_tables_equal_torchs_cast_for_every_value(fp8: str, dtype: torch.dtype) -> None:
+    from lmcache.v1.storage_backend.serde.fp8 import dequantize, quantize
+
+    fp8_dtype = getattr(torch, fp8)
+    every = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)
+    limit = torch.finfo(fp8_dtype).max
+    expected = every.clamp(-limit, limit).to(fp8_dtype)
+    got = quantize(every, fp8_dtype)
+    assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    bytes_ = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(fp8_dtype)
+    for out in (torch.float16, torch.bfloat16, torch.float32):
+        a, b = dequantize(bytes_, out), bytes_.to(out)
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+
 def test_fp8_refuses_integer_kv() -> None:
     s = serde({"type": "fp8"})
     with pytest.raises(SerdeError, match="floating-point"):
@@ -136,6 +155,7 @@ def test_asym_k16_v8_keys_exact_values_within_bound(
     vscale = amax / torch.finfo(getattr(torch, fp8)).max if amax else 1.0
     rel, abs_ = FP8_BOUNDS[fp8]
     bound = (rel + DTYPE_REL[dtype]) * v.abs() * (1 + DTYPE_REL[dtype]) + abs_ * vscale
+    bound += DTYPE_ABS[dtype]
     assert bool(((back[1].float() - v).abs() <= bound).all())
     # K at 16 bits, V at 8: three quarters of the chunk, plus the 8-byte scale.
     assert s.encoded_size(chunk(x)) == x.numel() // 2 * 3 + 8
@@ -192,9 +212,7 @@ def test_aesgcm_fresh_nonce_per_chunk() -> None:
         ),
         pytest.param(lambda blob, k: (blob, key("bob")), id="other-tenant"),
         pytest.param(lambda blob, k: (blob, key("alice", chunk=8)), id="other-chunk"),
-        pytest.param(
-            lambda blob, k: (blob.replace(b'"fmt":1', b'"fmt":3'), k), id="header"
-        ),
+        pytest.param(lambda blob, k: (blob.replace(b'"fmt":1', b'"fmt":3'), k), id="header"),
     ],
 )
 def test_aesgcm_refuses_altered_or_misplaced_chunks(

@@ -178,7 +178,7 @@ def _row(
         CacheEngineKey("bench/model", 1, 0, i, objs[0].get_dtypes()[0]) for i in range(len(objs))
     ]
     total = chunk_bytes * len(objs)
-    blobs: list[bytes] = []
+    blobs: list[bytearray] = []
 
     def encode() -> None:
         blobs[:] = [serde.encode(k, o) for k, o in zip(keys, objs)]
@@ -237,7 +237,7 @@ def _cipher_gbps(args: argparse.Namespace, objs: list[MemoryObj], total: int) ->
 
 
 def _errors(
-    serde: ChunkSerde, keys: list[CacheEngineKey], objs: list[MemoryObj], blobs: list[bytes]
+    serde: ChunkSerde, keys: list[CacheEngineKey], objs: list[MemoryObj], blobs: list[bytearray]
 ) -> dict[str, float]:
     max_abs = sum_abs = sum_x = 0.0
     count = 0

@@ -27,7 +27,7 @@ from lmcache.v1.storage_backend.serde.base import (
     byte_tensor,
     layout_numel,
 )
-from lmcache.v1.storage_backend.serde.fp8 import FP8_DTYPES, fp8_name
+from lmcache.v1.storage_backend.serde.fp8 import FP8_DTYPES, dequantize, fp8_name
 
 KV_DIM: dict[MemoryFormat, int] = {
     MemoryFormat.KV_2LTD: 0,
@@ -101,8 +101,8 @@ def decode_kv(
         start = _HEAD.size + k_len
         if payload.numel() < start + v_out.numel():
             raise SerdeError("asym_k16_v8 payload shorter than the chunk's V")
-        q = payload[start : start + v_out.numel()].view(fp8_dtype).reshape(v_out.shape)
-        v_out.copy_(q.float() * scale)
+        q = payload[start : start + v_out.numel()].view(fp8_dtype)
+        v_out.copy_((dequantize(q, torch.float32) * scale).reshape(v_out.shape))
 
 
 class AsymK16V8Stage(TensorStage):

@@ -44,9 +44,14 @@ from lmcache.v1.storage_backend.serde.chunk_serde import ChunkSerde
 logger = logging.getLogger(__name__)
 
 
-def blob_object(blob: bytes) -> TensorMemoryObj:
-    """``blob`` as a standalone memory object (uint8, ``BINARY``) a tier can store."""
-    raw = byte_tensor(blob)
+def blob_object(blob: bytes | bytearray) -> TensorMemoryObj:
+    """``blob`` as a standalone memory object (uint8, ``BINARY``) a tier can store; a
+    ``bytearray`` is used in place (the object then owns it), ``bytes`` are copied."""
+    raw = (
+        torch.frombuffer(blob, dtype=torch.uint8)
+        if isinstance(blob, bytearray) and blob
+        else byte_tensor(blob)
+    )
     meta = MemoryObjMetadata(
         shape=torch.Size([len(blob)]),
         dtype=torch.uint8,

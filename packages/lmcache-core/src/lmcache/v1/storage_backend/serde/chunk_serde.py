@@ -111,7 +111,7 @@ class ChunkSerde:
         }
         return json.dumps(header, separators=(",", ":")).encode("utf-8")
 
-    def encode(self, key: Any, obj: MemoryObj) -> bytes:
+    def encode(self, key: Any, obj: MemoryObj) -> bytearray:
         """The stored form of ``obj`` (the chunk of ``key``)."""
         header = self._header(obj)
         body: bytes | memoryview
@@ -126,9 +126,16 @@ class ChunkSerde:
             salt = key_salt(key)
             for stage in self.byte_stages:
                 body = stage.encode(body, salt, aad)
-        return b"".join((_PREFIX.pack(MAGIC, VERSION, len(header)), header, body))
+        # One buffer, written once: the tier wraps it without another copy (blob_object).
+        head = _PREFIX.pack(MAGIC, VERSION, len(header)) + header
+        out = bytearray(len(head) + len(body))
+        out[: len(head)] = head
+        out[len(head) :] = body
+        return out
 
-    def decode(self, key: Any, blob: bytes | memoryview, allocate: Allocate) -> MemoryObj | None:
+    def decode(
+        self, key: Any, blob: bytes | bytearray | memoryview, allocate: Allocate
+    ) -> MemoryObj | None:
         """The chunk ``blob`` holds, in an object from ``allocate`` (None when it has no
         memory).  :class:`SerdeError` when ``blob`` was not written by this serde for
         ``key``: another serde or none, altered bytes, another key."""

@@ -13,8 +13,10 @@ exact in fp16, bf16 and fp32, so only the cast to fp8 rounds):
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 
 from lmcache.v1.memory.format import MemoryFormat
@@ -45,12 +47,49 @@ def fp8_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_TABLE_DTYPES = (torch.float16, torch.bfloat16)
+"""16-bit dtypes cast through a lookup table: torch's element-wise fp8 casts on CPU run at a
+fraction of memory speed, a 64 KiB table indexed by the input's bits does not."""
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+@cache
+def _encode_table(src: torch.dtype, fp8_dtype: torch.dtype) -> np.ndarray:
+    """fp8 byte of every 16-bit pattern of ``src``: torch's own saturated cast, once."""
+    every = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(src)
+    return _saturate(every, fp8_dtype).view(torch.uint8).numpy()
+
+
+@cache
+def _decode_table(fp8_dtype: torch.dtype, out: torch.dtype) -> np.ndarray:
+    """Bits of ``out`` for every fp8 byte (exact: every fp8 value is one in fp16/bf16/fp32)."""
+    every = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(fp8_dtype)
+    return every.to(out).view(_BITS[out]).numpy()
+
+
+def _saturate(t: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    limit = torch.finfo(fp8_dtype).max
+    return t.clamp(-limit, limit).to(fp8_dtype)
+
+
 def quantize(t: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
     """``t`` as ``fp8_dtype``, saturated to its finite range (NaN stays NaN)."""
     if not t.dtype.is_floating_point or t.dtype in FP8_DTYPES.values():
         raise SerdeError(f"fp8 serde needs 16/32-bit floating-point KV, got {t.dtype}")
-    limit = torch.finfo(fp8_dtype).max
-    return t.clamp(-limit, limit).to(fp8_dtype)
+    if t.dtype in _TABLE_DTYPES and t.device.type == "cpu":
+        bits: Any = t.contiguous().view(torch.int16).numpy()
+        table = _encode_table(t.dtype, fp8_dtype)
+        return torch.from_numpy(table[bits.view(np.uint16)]).view(fp8_dtype)
+    return _saturate(t, fp8_dtype)
+
+
+def dequantize(q: torch.Tensor, out: torch.dtype) -> torch.Tensor:
+    """The fp8 tensor ``q`` as ``out`` (a fresh tensor of ``q``'s shape)."""
+    if out in _BITS and q.device.type == "cpu":
+        table = _decode_table(q.dtype, out)
+        raw: Any = q.contiguous().view(torch.uint8).numpy()
+        return torch.from_numpy(table[raw]).view(out)
+    return q.to(out)
 
 
 class Fp8Stage(TensorStage):
@@ -76,7 +115,8 @@ class Fp8Stage(TensorStage):
         offset = 0
         for t in out:
             n = t.numel()
-            t.copy_(payload[offset : offset + n].view(self.fp8_dtype).reshape(t.shape))
+            q = payload[offset : offset + n].view(self.fp8_dtype)
+            t.copy_(dequantize(q, t.dtype).reshape(t.shape))
             offset += n
 
     def encoded_size(self, shapes: list[torch.Size], dtypes: list[torch.dtype]) -> int:
