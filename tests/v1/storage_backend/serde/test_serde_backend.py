@@ -204,7 +204,9 @@ def test_serde_runs_on_l2_writes_and_reads_never_on_l1_hits(
         m.close()
 
 
-def test_put_does_not_encode_on_the_callers_thread(disk_adapter: dict[str, Any]) -> None:
+def test_put_neither_encodes_nor_asks_the_tier_on_the_callers_thread(
+    disk_adapter: dict[str, Any],
+) -> None:
     import threading
 
     m = manager([{**disk_adapter, "serde": SERDES["fp8"]}])
@@ -218,8 +220,18 @@ def test_put_does_not_encode_on_the_callers_thread(disk_adapter: dict[str, Any])
             return real(k, obj)
 
         tier.serde.encode = spy  # type: ignore[method-assign]
+        asked: list[str] = []
+        contains = tier.inner.contains
+
+        def contains_spy(k: Any, pin: bool = False) -> bool:
+            asked.append(threading.current_thread().name)
+            return contains(k, pin=pin)
+
+        tier.inner.contains = contains_spy  # type: ignore[method-assign]
         put(m, key(6), seed=6)
         assert threads and all(t.startswith("lmc-serde") for t in threads)
+        # Nor asks the tier anything there (a Redis round trip per put).
+        assert asked and all(t.startswith("lmc-serde") for t in asked)
     finally:
         m.close()
 
