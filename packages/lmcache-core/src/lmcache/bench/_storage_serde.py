@@ -188,11 +188,14 @@ def _row(
             out = serde.decode(k, blob, _standalone)
             assert out is not None
 
+    sources = [obj.raw_tensor for obj in objs]
+    # Destinations allocated once: a fresh buffer per copy would time page faults too.
+    targets = [torch.empty_like(src) for src in sources if src is not None]
+
     def copy() -> None:
-        for obj in objs:
-            src = obj.raw_tensor
+        for src, dst in zip(sources, targets):
             assert src is not None
-            torch.empty_like(src).copy_(src)
+            dst.copy_(src)
 
     encode_s = _median(args, encode)
     decode_s = _median(args, decode)
