@@ -289,3 +289,34 @@ def test_wrapper_reports_the_inner_tier(disk_adapter: dict[str, Any]) -> None:
         assert m.lookup_location(key(9)) == "LocalCPUBackend"
     finally:
         m.close()
+
+
+def test_a_full_serde_queue_drops_puts_instead_of_growing(disk_adapter: dict[str, Any]) -> None:
+    import threading
+
+    m = manager([{**disk_adapter, "serde": SERDES["fp8"]}])
+    try:
+        tier = l2(m)
+        gate = threading.Event()
+        real = tier.serde.encode
+
+        def slow(k: Any, obj: Any) -> bytearray:
+            gate.wait(10)
+            return real(k, obj)
+
+        tier.serde.encode = slow  # type: ignore[method-assign]
+        tier._puts = type(tier._puts)(limit=2)
+        objs = []
+        for _ in range(4):
+            obj = m.allocate(SHAPE, torch.half)
+            assert obj is not None
+            objs.append(obj)
+        m.batched_submit_put_task([key(20 + i) for i in range(4)], objs)
+        assert tier.dropped_puts == 2
+        gate.set()
+        m.wait_for_puts()
+        for obj in objs:
+            obj.ref_count_down()
+        assert [tier.contains(key(20 + i)) for i in range(4)] == [True, True, False, False]
+    finally:
+        m.close()

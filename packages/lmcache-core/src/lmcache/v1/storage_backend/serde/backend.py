@@ -37,11 +37,16 @@ from lmcache.v1.storage_backend.abstract_backend import (
     StorageBackendInterface,
 )
 from lmcache.v1.storage_backend.chunk_format import allocate_for_read
-from lmcache.v1.storage_backend.put_tasks import PutTasks
+from lmcache.v1.storage_backend.put_tasks import PutTasks, PutTasksFull
 from lmcache.v1.storage_backend.serde.base import SerdeError, byte_tensor
 from lmcache.v1.storage_backend.serde.chunk_serde import ChunkSerde
 
 logger = logging.getLogger(__name__)
+
+MAX_QUEUED = 1024
+"""Chunks waiting for the serde at most (each holds a reference to its L1 copy); a put
+beyond it is dropped for this tier (logged, counted in ``dropped_puts``): the tier falls
+behind, L1 keeps serving."""
 
 
 def blob_object(blob: bytes | bytearray) -> TensorMemoryObj:
@@ -74,14 +79,16 @@ class SerdeBackend(StorageBackendInterface):
         serde: ChunkSerde,
         local_cpu_backend: AllocatorBackendInterface | None = None,
         max_workers: int = 1,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
         super().__init__(dst_device=inner.dst_device)
         self.inner = inner
         self.serde = serde
         self.local_cpu_backend = local_cpu_backend
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="lmc-serde")
-        self._puts: PutTasks[CacheEngineKey] = PutTasks()
+        self._puts: PutTasks[CacheEngineKey] = PutTasks(limit=max_queued)
         self.serde_errors = 0
+        self.dropped_puts = 0
         self.serialized = 0
         self.deserialized = 0
         self._log = RateLimitedLog(logger)
@@ -118,9 +125,16 @@ class SerdeBackend(StorageBackendInterface):
             raise ValueError(f"{len(keys)} keys but {len(objs)} objects")
         futures: list[Future] = []
         for key, obj in zip(keys, objs):
-            if self.inner.contains(self._stored(key)):
+            try:
+                future = self._puts.start(
+                    [key], partial(self._queue, key, obj, on_complete_callback)
+                )
+            except PutTasksFull as full:
+                self.dropped_puts += 1
+                self._log.log(
+                    logging.WARNING, "full", "%s: %d chunks queued, put dropped", self, full.limit
+                )
                 continue
-            future = self._puts.start([key], partial(self._queue, key, obj, on_complete_callback))
             if future is not None:
                 futures.append(future)
         return futures
@@ -143,6 +157,9 @@ class SerdeBackend(StorageBackendInterface):
     ) -> None:
         try:
             try:
+                # Asked here, not on the caller's thread: for Redis it is a round trip.
+                if self.inner.contains(self._stored(key)):
+                    return
                 blob = self.serde.encode(key, obj)
             finally:
                 obj.ref_count_down()
