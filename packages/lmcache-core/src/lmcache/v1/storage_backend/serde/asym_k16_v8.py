@@ -23,11 +23,10 @@ import torch
 from lmcache.v1.memory.format import MemoryFormat
 from lmcache.v1.storage_backend.serde.base import (
     SerdeError,
-    TensorStage,
     byte_tensor,
     layout_numel,
 )
-from lmcache.v1.storage_backend.serde.fp8 import FP8_DTYPES, dequantize, fp8_name
+from lmcache.v1.storage_backend.serde.fp8 import FP8_DTYPES, Fp8TensorStage, dequantize
 
 KV_DIM: dict[MemoryFormat, int] = {
     MemoryFormat.KV_2LTD: 0,
@@ -105,17 +104,10 @@ def decode_kv(
         v_out.copy_((dequantize(q, torch.float32) * scale).reshape(v_out.shape))
 
 
-class AsymK16V8Stage(TensorStage):
+class AsymK16V8Stage(Fp8TensorStage):
     """The ``asym_k16_v8`` stage: a chunk's K and V through :func:`encode_kv`."""
 
-    def __init__(self, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> None:
-        if fp8_dtype not in FP8_DTYPES.values():
-            raise ValueError(f"fp8_dtype {fp8_dtype} is not one of {', '.join(FP8_DTYPES)}")
-        self.fp8_dtype = fp8_dtype
-
-    @property
-    def spec(self) -> str:
-        return f"asym_k16_v8:{fp8_name(self.fp8_dtype)}"
+    name = "asym_k16_v8"
 
     def _one_part(self, parts: list[torch.Tensor]) -> torch.Tensor:
         if len(parts) != 1:

@@ -92,8 +92,10 @@ def dequantize(q: torch.Tensor, out: torch.dtype) -> torch.Tensor:
     return q.to(out)
 
 
-class Fp8Stage(TensorStage):
-    """The ``fp8`` stage: each part cast to ``fp8_dtype``, parts concatenated."""
+class Fp8TensorStage(TensorStage):
+    """A tensor stage writing fp8 of ``fp8_dtype``; its spec is ``<name>:<fp8 dtype>``."""
+
+    name = ""
 
     def __init__(self, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> None:
         if fp8_dtype not in FP8_DTYPES.values():
@@ -102,7 +104,13 @@ class Fp8Stage(TensorStage):
 
     @property
     def spec(self) -> str:
-        return f"fp8:{fp8_name(self.fp8_dtype)}"
+        return f"{self.name}:{fp8_name(self.fp8_dtype)}"
+
+
+class Fp8Stage(Fp8TensorStage):
+    """The ``fp8`` stage: each part cast to ``fp8_dtype``, parts concatenated."""
+
+    name = "fp8"
 
     def encode(self, parts: list[torch.Tensor], fmt: MemoryFormat) -> torch.Tensor:
         encoded = [quantize(t, self.fp8_dtype).reshape(-1).view(torch.uint8) for t in parts]
