@@ -64,6 +64,8 @@ SELECTED = (
     "tests/v1/distributed/test_l2_adapter_base.py",
     "tests/v1/distributed/test_mock_l2_adapter.py",
     "tests/v1/distributed/test_fault_inject_l2_adapter.py",
+    # L2 serde (issue 30).
+    "tests/v1/distributed/serde",
 )
 # Files copied along so the selected tests import as upstream lays them out.
 SUPPORT_FILES = (
@@ -393,6 +395,15 @@ IGNORED: dict[str, str] = {
             ("test_valkey_l2_adapter_integration.py", "valkey_l2_adapter (ValkeyL2Adapter)"),
         )
     },
+    "tests/v1/distributed/serde/test_serde_e2e.py": "drives upstream's MP storage manager "
+    "(lmcache.v1.distributed.storage_manager, its controllers and L1 manager) with a serde; "
+    "here serde runs in the tiers of the one storage stack (SerdeBackend), tested end to end "
+    "in tests/v1/storage_backend/serde/test_serde_backend.py",
+    "tests/v1/distributed/serde/test_serde_fs_e2e.py": "drives upstream's MP storage manager "
+    "(lmcache.v1.distributed.storage_manager) over its fs adapter with a serde; the disk "
+    "tier with a serde is tested in tests/v1/storage_backend/serde/test_serde_backend.py",
+    "tests/v1/distributed/serde/test_turboquant.py": "upstream's turboquant serde (its "
+    "Triton kernels and lmcache.v1.distributed.config) is not provided",
 }
 
 # Tests deselected one by one (pytest node ids): id -> reason.  Keep in step with

@@ -3,7 +3,10 @@ key mapping, and ``--l2-adapter`` tiers built by the storage manager."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +30,7 @@ from lmcache.v1.storage_backend.l2_adapters.factory import (
 )
 from lmcache.v1.storage_backend.l2_adapters.keys import object_key_of
 from lmcache.v1.storage_backend.l2_adapters.mock_l2_adapter import MockL2Adapter
+from lmcache.v1.storage_backend.serde.backend import SerdeBackend
 from lmcache.v1.storage_backend.storage_manager import StorageManager, create_storage_backends
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
@@ -194,3 +198,44 @@ def test_storage_manager_reads_through_an_adapter_tier() -> None:
         assert manager.in_l1(make_key(1))  # promoted
     finally:
         manager.close()
+
+
+def test_an_adapter_tier_with_a_serde_stores_encoded_chunks() -> None:
+    """``"serde"`` on an interface adapter wraps the bridged tier: the adapter holds the
+    encoded form (aesgcm: lossless), and a read through the tier decodes it bit-exact."""
+    os.environ["LMCACHE_TEST_SERDE_KEY"] = "k" * 32
+    spec = {**MOCK, "serde": {"type": "aesgcm", "master_key_env": "LMCACHE_TEST_SERDE_KEY"}}
+    settings = TierSettings.from_server_flags(
+        chunk_size=16,
+        l1_size_gb=0.001,
+        eviction_policy="LRU",
+        blocking_timeout_secs=1,
+        l2_adapters=[json.dumps(spec)],
+    )
+    assert settings.adapters[0].serde is not None
+    backends = create_storage_backends(settings)
+    manager = StorageManager(settings.config, backends=backends)
+    try:
+        tier = backends["L2Adapter0:mock"]
+        assert isinstance(tier, SerdeBackend) and isinstance(tier.inner, L2AdapterBackend)
+        obj = fill_obj(manager, 7)
+        manager.batched_submit_put_task([make_key(3)], [obj])
+        obj.ref_count_down()
+        manager.wait_for_puts()
+        _until(lambda: tier.serialized == 1)
+        assert manager.local_cpu_backend.remove(make_key(3))
+        got = manager.get_blocking(make_key(3))
+        assert got is not None and got.tensor is not None
+        assert torch.equal(got.tensor, expected_tensor(7))
+        got.ref_count_down()
+        assert tier.deserialized == 1
+    finally:
+        manager.close()
+        del os.environ["LMCACHE_TEST_SERDE_KEY"]
+
+
+def _until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)

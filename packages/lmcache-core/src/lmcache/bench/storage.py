@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lmcache.bench import _storage_local
+from lmcache.bench import _storage_local, _storage_serde
 from lmcache.bench._output import (
     Bar,
     add_output_arguments,
@@ -72,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for smoke tests")
+    parser.add_argument(
+        "--serde",
+        type=_storage_serde.serde_arg,
+        action="append",
+        metavar="SPEC",
+        help="measure L2 serdes instead of the tiers (repeatable): fp8, fp8-e5m2, "
+        "asym_k16_v8, aesgcm, multi (asym_k16_v8 then aesgcm), all, or a serde JSON object",
+    )
     add_output_arguments(parser)
 
 
@@ -292,11 +300,36 @@ def _plot(rows: list[Row], path: str) -> None:
     )
 
 
+def _run_serde(args: argparse.Namespace) -> int:
+    bar = progress(_storage_serde.steps(args), "bench storage serde")
+    try:
+        rows, info = _storage_serde.run(args, bar)
+    finally:
+        bar.close()
+    _storage_serde.print_rows(rows)
+    if args.json:
+        results = [asdict(r) | {"encode_vs_copy": r.encode_vs_copy} for r in rows]
+        write_json(args.json, "storage", args, results, serde=info)
+    if args.plot:
+        plot_bars(
+            args.plot,
+            "L2 serde encode/decode vs memcpy",
+            [r.serde for r in rows],
+            {"encode": [r.encode_gbps for r in rows], "decode": [r.decode_gbps for r in rows],
+             "memcpy": [r.copy_gbps for r in rows]},
+            {"stored %": [r.stored_pct for r in rows]},
+            "% of chunk",
+        )  # fmt: skip
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()  # fail before measuring, not after
     _apply_quick(args)
     torch.manual_seed(0)
+    if getattr(args, "serde", None):
+        return _run_serde(args)
     benchmark = BACKENDS[args.backend]
     bar = progress(benchmark.steps(args), f"bench storage {args.backend}")
     try:

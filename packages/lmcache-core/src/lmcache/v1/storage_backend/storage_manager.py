@@ -38,6 +38,7 @@ from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 from lmcache.v1.storage_backend.plugins import storage_plugin_launcher
 from lmcache.v1.storage_backend.quota import QuotaManager
+from lmcache.v1.storage_backend.serde import wrap_with_serde
 from lmcache.v1.storage_backend.tier_settings import TierSettings
 
 logger = logging.getLogger(__name__)
@@ -78,9 +79,10 @@ def create_storage_backends(
         )
         backends[L1_NAME] = cpu
         if settings.disk_enabled:
-            backends[L2_NAME] = LocalDiskBackend(
+            disk = LocalDiskBackend(
                 engine_config, cpu, metadata, dst_device, quota_manager=cpu.quota_manager
             )
+            backends[L2_NAME] = wrap_with_serde(disk, settings.disk_serde, cpu)
         _add_remote_tiers(settings, metadata, loop, cpu, dst_device, backends)
         _add_adapter_tiers(settings, cpu, dst_device, backends)
         storage_plugin_launcher(engine_config, metadata, loop, cpu, dst_device, backends)
@@ -103,9 +105,11 @@ def _add_remote_tiers(
     from lmcache.v1.storage_backend.redis.backend import RedisBackend  # redis-py only if used
 
     for tier in settings.remote:
-        backends[tier.name] = RedisBackend(
+        redis = RedisBackend(
             dst_device, settings.config, metadata, cpu, loop, settings=tier.settings
         )
+        backends[tier.name] = redis  # closed on a failed start-up even if wrapping fails
+        backends[tier.name] = wrap_with_serde(redis, tier.serde, cpu)
         logger.info("remote tier %s added", tier.name)
 
 
@@ -125,9 +129,10 @@ def _add_adapter_tiers(
         adapter = create_l2_adapter_from_registry(tier.config)
         try:
             adapter.set_backend_identity(tier.name.split(":", 1)[1], shared=tier.config.shared)
-            backends[tier.name] = L2AdapterBackend(
+            bridged = L2AdapterBackend(
                 adapter, tier.name, cpu, dst_device, eviction=tier.config.eviction_config
             )
+            backends[tier.name] = wrap_with_serde(bridged, tier.serde, cpu)
         except BaseException:
             adapter.close()  # not a backend yet, so _close_quietly would not reach it
             raise

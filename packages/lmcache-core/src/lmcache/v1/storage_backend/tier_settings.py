@@ -27,6 +27,7 @@ from lmcache.v1.storage_backend.l2_adapters.config import (
     parse_adapter_spec,
 )
 from lmcache.v1.storage_backend.redis.settings import L2_ADAPTER_TYPES, RedisSettings, is_redis_url
+from lmcache.v1.storage_backend.serde import SerdeConfig, build_chunk_serde, parse_serde_config
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class AdapterTier:
 
     name: str
     config: L2AdapterConfigBase
+    serde: SerdeConfig | None = None
+    """The adapter's ``"serde"`` (wraps the bridged tier), or None."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class RemoteTier:
 
     name: str
     settings: RedisSettings
+    serde: SerdeConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ class TierSettings:
     store_policy: str = "default"
     """``--l2-store-policy`` (:data:`~.l1_settings.STORE_POLICIES`)."""
     adapters: tuple[AdapterTier, ...] = ()
+    disk_serde: SerdeConfig | None = None
+    """The disk tier's ``"serde"`` (from its ``--l2-adapter``), or None."""
 
     @property
     def disk_enabled(self) -> bool:
@@ -139,6 +145,7 @@ class TierSettings:
         if l1 is not None:
             l1.validate()
         adapters = [parse_l2_adapter(raw) for raw in l2_adapters]
+        serdes = [adapter_serde(a) for a in adapters]
         disk_path, disk_size_gb = disk_tier(l2_disk_path, l2_disk_size_gb, adapters)
         adopt = disk_adopt(l2_disk_adopt, adapters)
         config = LMCacheEngineConfig(
@@ -150,12 +157,20 @@ class TierSettings:
             blocking_timeout_secs=blocking_timeout_secs,
             extra_config={ADOPT_OPTION: True} if adopt else None,
         )
-        redis_specs = [a for a in adapters if a["type"] in L2_ADAPTER_TYPES]
+        redis_specs = [(a, s) for a, s in zip(adapters, serdes) if a["type"] in L2_ADAPTER_TYPES]
         remote = tuple(
-            RemoteTier(f"L2Adapter{i}:{spec['type']}", RedisSettings.from_l2_adapter(spec))
-            for i, spec in enumerate(redis_specs)
+            RemoteTier(f"L2Adapter{i}:{spec['type']}", RedisSettings.from_l2_adapter(spec), serde)
+            for i, (spec, serde) in enumerate(redis_specs)
         )
-        return cls(config, remote, l1, store_policy, interface_adapter_tiers(adapters))
+        disk_serdes = [s for a, s in zip(adapters, serdes) if a["type"] in DISK_ADAPTER_TYPES]
+        return cls(
+            config,
+            remote,
+            l1,
+            store_policy,
+            interface_adapter_tiers(adapters, serdes),
+            disk_serdes[0] if disk_serdes else None,
+        )
 
 
 def parse_l2_adapter(raw: str) -> dict[str, Any]:
@@ -185,24 +200,36 @@ def is_interface_adapter(spec: Mapping[str, Any]) -> bool:
     return spec["type"] not in (*L2_ADAPTER_TYPES, *DISK_ADAPTER_TYPES)
 
 
-def interface_adapter_tiers(adapters: Sequence[dict[str, Any]]) -> tuple[AdapterTier, ...]:
+def interface_adapter_tiers(
+    adapters: Sequence[dict[str, Any]], serdes: Sequence[SerdeConfig | None] = ()
+) -> tuple[AdapterTier, ...]:
     """The bridged tiers of parsed ``--l2-adapter`` specs, each config checked now (before
-    any memory exists).  ``"serde"`` is refused until a serde layer wraps adapters."""
+    any memory exists).  ``serdes[i]`` is adapter ``i``'s ``"serde"`` (taken out of its spec
+    by :func:`adapter_serde`); the tier is wrapped with it."""
     tiers = []
     for i, spec in enumerate(adapters):
         if not is_interface_adapter(spec):
             continue
         config = parse_adapter_spec(spec, f"--l2-adapter #{i + 1}")
-        if config.serde_config is not None:
-            # Hook for the serde layer: it wraps the adapter built from this config.
-            raise ValueError(
-                f'--l2-adapter #{i + 1} ({spec["type"]!r}): "serde" is not supported '
-                "on adapter-interface tiers in this build"
-            )
         name = f"L2Adapter{i}:{spec['type']}"
         check_bridge_eviction(config.eviction_config, f"--l2-adapter #{i + 1} ({name})")
-        tiers.append(AdapterTier(name, config))
+        serde = serdes[i] if i < len(serdes) else None
+        tiers.append(AdapterTier(name, config, serde))
     return tuple(tiers)
+
+
+def adapter_serde(spec: dict[str, Any]) -> SerdeConfig | None:
+    """Take the ``"serde"`` object out of an adapter spec (the tier's own options stay);
+    its errors -- unknown type or field, unreadable key -- name the adapter, at start-up."""
+    if "serde" not in spec:
+        return None
+    where = f"--l2-adapter type {spec['type']!r}"
+    config = parse_serde_config(spec.pop("serde"), where)
+    try:
+        build_chunk_serde(config)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    return config
 
 
 def disk_tier(

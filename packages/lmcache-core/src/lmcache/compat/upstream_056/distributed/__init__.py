@@ -6,6 +6,8 @@ that code written against its storage manager uses reach that stack through rows
 
 - ``lmcache.v1.distributed.l2_adapters`` is the product's
   :mod:`lmcache.v1.storage_backend.l2_adapters`;
+- ``serde.fp8``, ``serde.aesgcm`` and ``serde.key_provider`` are the product's
+  :mod:`lmcache.v1.storage_backend.serde` modules (upstream-only names in :mod:`.serde`);
 - ``quota_manager`` is the product's :mod:`lmcache.v1.storage_backend.quota`;
 - ``eviction_policy`` is the product's eviction policies behind upstream's
   event-and-action interface (:mod:`.eviction`);

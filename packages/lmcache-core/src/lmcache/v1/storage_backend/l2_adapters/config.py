@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from lmcache.v1.storage_backend.l2_adapters.pending import import_all_pending, import_pending_until
+from lmcache.v1.storage_backend.serde.base import SerdeConfig
+from lmcache.v1.storage_backend.serde.factory import parse_serde_config
 
 logger = logging.getLogger(__name__)
 
@@ -85,26 +87,22 @@ class L2AdapterConfigBase(abc.ABC):
     """Base of the per-type adapter configs (``from_dict`` and ``help``).
 
     The common keys are set on the instance after ``from_dict`` (see the module doc).
-    ``serde_config`` keeps the raw ``"serde"`` object: the serde layer reads it.
+    ``serde_config`` is the parsed ``"serde"`` object (the tier is wrapped with it).
     """
 
     affinity_tag: str = "_default"
     eviction_config: L2EvictionSpec | None = None
     shared: bool = False
     persist_config: PersistConfig = PersistConfig()
-    serde_config: dict[str, Any] | None = None
+    serde_config: SerdeConfig | None = None
 
     @staticmethod
-    def _parse_serde_config(d: dict[str, Any]) -> dict[str, Any] | None:
-        """The ``"serde"`` object (it must name its ``"type"``), or None when absent."""
+    def _parse_serde_config(d: dict[str, Any]) -> SerdeConfig | None:
+        """The ``"serde"`` object as a :class:`SerdeConfig`, or None when absent."""
         serde = d.get("serde")
         if serde is None:
             return None
-        if not isinstance(serde, dict):
-            raise ValueError(f"'serde' must be a dict, got {type(serde).__name__}")
-        if not isinstance(serde.get("type"), str):
-            raise ValueError("'serde' dict must include a 'type' field")
-        return dict(serde)
+        return parse_serde_config(serde, "L2 adapter")
 
     @staticmethod
     def _parse_eviction_config(d: dict[str, Any]) -> L2EvictionSpec | None:
