@@ -178,9 +178,39 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     add_runtime_plugin_args(parser)
     add_admin_args(parser)
+    add_auth_args(parser)
     add_http_frontend_args(parser)
     add_observability_args(parser)
     return parser
+
+
+def add_auth_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Authenticated clients (CurveZMQ)", "See the threat model in docs/operations.md."
+    )
+    group.add_argument(
+        "--curve-secret-key-file",
+        default=None,
+        metavar="PATH",
+        help="The server's CURVE key pair (a NAME.key_secret file from `lmcache keys new "
+        "NAME`). With --authorized-keys, the RPC port is encrypted and admits only listed "
+        "client keys; a client without a listed key gets no reply at all. Off by default.",
+    )
+    group.add_argument(
+        "--authorized-keys",
+        default=None,
+        metavar="DIR",
+        help="Directory of the client public keys (*.key files) admitted on the RPC port; "
+        "needs --curve-secret-key-file.",
+    )
+    group.add_argument(
+        "--tenants-file",
+        default=None,
+        metavar="PATH",
+        help="YAML or JSON file binding each authorized client key to a tenant (models, "
+        "cache salts, byte quota, read-only shares); enforced on every operation. Needs "
+        "--authorized-keys. See docs/server.md.",
+    )
 
 
 def add_admin_args(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ import torch
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
 from lmcache.v1.multiprocess.server_config import MPServerConfig
+from lmcache.v1.multiprocess.wire.curve import server_keys_from_files
 from lmcache.v1.multiprocess.wire.security import admin_policy, check_run_script_exposure
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
@@ -71,6 +72,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     check_run_script_exposure(
         config.run_script_api_enabled, config.http_host, config.http_port, admin
     )
+    curve = server_keys_from_files(config.curve_secret_key_file, config.authorized_keys)
     tiers = config.tier_settings()  # every tier input checked; nothing allocated yet
     engine_config = tiers.config
     disk_path = engine_config.local_disk if tiers.disk_enabled else None
@@ -103,6 +105,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             instance_id=config.instance_id,
             admin=admin,
             kv_event_log_size=config.kv_event_log_size,
+            curve=curve,
         )
         return MPCacheServer(
             settings,

@@ -34,6 +34,7 @@ from lmcache.v1.multiprocess.server.prefetch import DEFAULT_MAX_IN_FLIGHT, Prefe
 from lmcache.v1.multiprocess.server.rate_limited_logs import RefusalLog
 from lmcache.v1.multiprocess.server.tiers import EvictionCounter, install_eviction_counters
 from lmcache.v1.multiprocess.wire.chunking import ChunkSpan, plan_chunks, range_block_ids
+from lmcache.v1.multiprocess.wire.curve import CurveServerKeys
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ServerStats
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.wire.security import AdminPolicy
@@ -73,6 +74,8 @@ class CacheServerSettings:
     admin: AdminPolicy = dataclasses.field(default_factory=AdminPolicy)
     # KV-event records kept per model (--kv-event-log-size); 0 turns the events off.
     kv_event_log_size: int = DEFAULT_KV_EVENT_LOG_SIZE
+    # CurveZMQ keys of the RPC port (--curve-secret-key-file, --authorized-keys); None: open.
+    curve: CurveServerKeys | None = None
 
 
 @dataclasses.dataclass

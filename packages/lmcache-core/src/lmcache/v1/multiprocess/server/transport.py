@@ -40,6 +40,7 @@ from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog, RefusalLog
 from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.curve import ZapHandler
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, Pool, ProtocolError
 from lmcache.v1.multiprocess.wire.security import rpc_reach, warn_if_exposed
 
@@ -149,10 +150,12 @@ class MPServer:
         # The transport drops (and disconnects) anything far beyond the limit; between the
         # limit and this cap the request is answered with message_too_large.
         self._router.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_message_bytes)
+        self._zap = self._start_curve(engine)
         self._router.bind(self.endpoint)
-        warn_if_exposed(
-            "the ZMQ RPC port", config.host, config.port, rpc_reach(engine.settings.admin)
-        )
+        if self._zap is None:
+            warn_if_exposed(
+                "the ZMQ RPC port", config.host, config.port, rpc_reach(engine.settings.admin)
+            )
         self._reply_endpoint = f"inproc://lmcache-replies-{id(self)}"
         self._replies = self._ctx.socket(zmq.PULL)
         self._replies.bind(self._reply_endpoint)
@@ -178,6 +181,24 @@ class MPServer:
         self._errors = RateLimitedErrorLog(logger)
         self.http_url: str | None = None
         self._handlers = bind_handlers(engine)
+
+    def _start_curve(self, engine: MPCacheServer) -> ZapHandler | None:
+        """With CURVE keys: the ZAP handler (bound before the ROUTER, so no connection is
+        ever admitted unchecked) and the ROUTER's CURVE server options."""
+        keys = engine.settings.curve
+        if keys is None:
+            return None
+        metrics = engine.metrics
+        zap = ZapHandler(
+            self._ctx,
+            keys.authorized,
+            on_refusal=None if metrics is None else metrics.count_auth_refused,
+        )
+        keys.apply(self._router)
+        logger.info(
+            "CURVE on the RPC port: encrypted, %d authorized client key(s)", len(keys.authorized)
+        )
+        return zap
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -246,6 +267,8 @@ class MPServer:
                     sock.close(linger=0)
             self._replies.close(linger=0)
             self._router.close(linger=0)
+            if self._zap is not None:
+                self._zap.close()
             self._ctx.term()
         logger.info("LMCache MP server stopped")
 

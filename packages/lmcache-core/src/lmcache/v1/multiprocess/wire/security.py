@@ -186,7 +186,10 @@ def check_run_script_exposure(
 
 def rpc_reach(policy: AdminPolicy) -> str:
     """What a peer on the ZMQ RPC port may do, for :func:`warn_if_exposed`."""
-    reach = "store and read KV cache chunks and unregister workers"
+    reach = (
+        "store and read KV cache chunks and unregister workers, in clear text "
+        "(no --curve-secret-key-file / --authorized-keys)"
+    )
     if policy.wire_enabled and policy.token is None:
         reach += ", and wipe the whole cache (--enable-admin-ops without an admin token)"
     return reach
