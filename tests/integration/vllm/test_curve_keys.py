@@ -15,7 +15,7 @@ from lmcache.v1.multiprocess.wire.curve import CurveKeyError, write_key_pair
 @pytest.fixture
 def keys(tmp_path: Path) -> dict[str, Path]:
     server_public, server_secret = write_key_pair(tmp_path / "server", "server")
-    client_public, client_secret = write_key_pair(tmp_path / "authorized", "vllm")
+    _client_public, client_secret = write_key_pair(tmp_path / "authorized", "vllm")
     return {
         "server_public": server_public,
         "server_secret": server_secret,
@@ -37,7 +37,7 @@ def test_curve_keys_are_read_from_extra_config(keys: dict[str, Path]) -> None:
     assert config.curve is not None
     assert parse_extra_config({}, env={}).curve is None
     half = {"lmcache.mp.curve_secret_key_file": str(keys["client_secret"])}
-    with pytest.raises(CurveKeyError, match="lmcache.mp.curve"):
+    with pytest.raises(CurveKeyError, match=r"lmcache\.mp\.curve"):
         parse_extra_config(half, env={})
 
 
