@@ -19,6 +19,7 @@ import torch
 
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
+from lmcache.v1.multiprocess.server.tenants import tenants_from_flags
 from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire.curve import server_keys_from_files
 from lmcache.v1.multiprocess.wire.security import admin_policy, check_run_script_exposure
@@ -73,6 +74,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
         config.run_script_api_enabled, config.http_host, config.http_port, admin
     )
     curve = server_keys_from_files(config.curve_secret_key_file, config.authorized_keys)
+    tenants = tenants_from_flags(config.tenants_file, None if curve is None else curve.authorized)
     tiers = config.tier_settings()  # every tier input checked; nothing allocated yet
     engine_config = tiers.config
     disk_path = engine_config.local_disk if tiers.disk_enabled else None
@@ -106,6 +108,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             admin=admin,
             kv_event_log_size=config.kv_event_log_size,
             curve=curve,
+            tenants=tenants,
         )
         return MPCacheServer(
             settings,
