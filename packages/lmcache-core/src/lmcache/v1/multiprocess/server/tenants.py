@@ -26,7 +26,7 @@ Example (YAML; JSON works too)::
         keys: [alice]               # NAME of NAME.key in --authorized-keys, or a Z85 key
         models: [meta-llama/Llama-3.1-8B]
         salts: [team-a]
-        salt_prefix: "team-a/"
+        salt_prefix: "team-a-"
         quota_bytes: 10737418240
         shares: [public-prompts]
       publisher:
