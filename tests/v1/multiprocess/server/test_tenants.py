@@ -196,9 +196,13 @@ def test_a_cannot_take_over_or_drop_bs_instance_id(
             else "unregister_kv_cache_engine_driven_context"
         )
         client.call(unregister, b.instance_id)
-        if mode == "engine_driven":
-            with pytest.raises(ServerError, match="unknown_worker"):
-                client.call("prepare_store", _key("a", rid="x"), b.instance_id)
+        # Using B's id for a transfer: as if it did not exist.
+        worker_key = IPCCacheServerKey.from_token_ids("shared-model", 1, 0, prompt)
+        with pytest.raises(ServerError, match="unknown_worker"):
+            if mode == "engine_driven":
+                client.call("prepare_store", worker_key, b.instance_id)
+            else:
+                client.call("store", worker_key, b.instance_id, [list(range(8))], b"")
     with _client(ring, served, "bob") as client:
         assert client.ping(b.instance_id) is True
     assert b.store(prompt, list(range(8)))
