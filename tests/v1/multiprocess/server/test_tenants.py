@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,9 +50,7 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> KeyRing:
 
 @pytest.fixture(scope="module")
 def served(ring: KeyRing) -> Iterator[tuple[MPServer, MPCacheServer]]:
-    with keyed(
-        ring, tenants_file=str(ring.root / "tenants.yaml"), enable_admin_ops=True
-    ) as pair:
+    with keyed(ring, tenants_file=str(ring.root / "tenants.yaml"), enable_admin_ops=True) as pair:
         yield pair
 
 
@@ -181,7 +178,11 @@ def test_model_outside_the_tenants_list_is_refused(
 
 @pytest.mark.parametrize(("mode", "sub"), MODES)
 def test_a_cannot_take_over_or_drop_bs_instance_id(
-    ring: KeyRing, served: tuple[MPServer, MPCacheServer], workers: Workers, mode: str, sub: str | None
+    ring: KeyRing,
+    served: tuple[MPServer, MPCacheServer],
+    workers: Workers,
+    mode: str,
+    sub: str | None,
 ) -> None:
     """workers._check_registration / _replace_worker, _worker, _drop_worker and ping."""
     b = workers("bob", mode, sub)
@@ -284,18 +285,17 @@ def test_tenants_get_no_shared_memory(workers: Workers) -> None:
     """engine_driven: L1's segment is never offered to a tenant (it holds every tenant)."""
     a = workers("alice", sub=None)
     assert a.sub_path == "inline"
-    with pytest.raises(Exception, match="(?i)shm|shared memory"):
+    with pytest.raises(Exception, match=r"(?i)shm|shared memory"):
         workers("alice", sub="shm")
 
 
-def test_per_tenant_metrics(
-    served: tuple[MPServer, MPCacheServer], workers: Workers
-) -> None:
+def test_per_tenant_metrics(served: tuple[MPServer, MPCacheServer], workers: Workers) -> None:
     a = workers("alice")
     assert a.store(_tokens(PROMPT, 13000), list(range(8)))
     _forbidden(a.lookup, PROMPT, cache_salt="b")
     metrics = served[1].metrics
     assert metrics is not None
     text = metrics.exposition().decode()
-    assert re.search(r'lmcache_mp_tenant_requests_total\{outcome="forbidden",tenant="team-a"\}', text)
-    assert re.search(r'lmcache_mp_tenant_bytes_total\{direction="stored",tenant="team-a"\}', text)
+    forbidden = r'lmcache_mp_tenant_requests_total\{outcome="forbidden",tenant="team-a"\}'
+    stored = r'lmcache_mp_tenant_bytes_total\{direction="stored",tenant="team-a"\}'
+    assert re.search(forbidden, text) and re.search(stored, text)

@@ -52,7 +52,11 @@ def test_yaml_file_with_key_names_and_z85_keys(tmp_path: Path) -> None:
     [
         ({"a": {"keys": ["alice"], "salts": ["a"]}}, "belong to no tenant"),
         (_two(salts=["b"]), "both own"),
-        ({"a": {"keys": ["alice"], "salt_prefix": "x"}, "b": {"keys": ["bob"], "salt_prefix": "xy"}}, "both own"),
+        (
+            {"a": {"keys": ["alice"], "salt_prefix": "x"},
+             "b": {"keys": ["bob"], "salt_prefix": "xy"}},
+            "both own",
+        ),
         (_two(keys=["alice", "bob"]), "belongs to tenants"),
         (_two(keys=["carol"]), "neither the name"),
         (_two(colour="red"), "unknown field"),
