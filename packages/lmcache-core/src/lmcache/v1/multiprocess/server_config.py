@@ -141,6 +141,10 @@ class MPServerConfig:
     curve_secret_key_file: str | None = None
     authorized_keys: str | None = None
     tenants_file: str | None = None
+    # TLS of the HTTP frontend and the Prometheus listener; the HTTP read routes' token.
+    http_tls_certfile: str | None = None
+    http_tls_keyfile: str | None = None
+    http_read_token_file: str | None = None
     # Started beside the server (:mod:`.runtime_plugin_config`).
     runtime_plugin_config: RuntimePluginConfig = dataclasses.field(
         default_factory=RuntimePluginConfig
@@ -308,6 +312,9 @@ def config_from_args(args: argparse.Namespace) -> MPServerConfig:
         curve_secret_key_file=args.curve_secret_key_file,
         authorized_keys=args.authorized_keys,
         tenants_file=args.tenants_file,
+        http_tls_certfile=args.http_tls_certfile,
+        http_tls_keyfile=args.http_tls_keyfile,
+        http_read_token_file=args.http_read_token_file,
         runtime_plugin_config=parse_args_to_runtime_plugin_config(args),
     )
 

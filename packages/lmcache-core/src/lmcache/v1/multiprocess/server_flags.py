@@ -279,6 +279,24 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
         "connection has a request in progress it gets 503 and is closed.",
     )
     group.add_argument(
+        "--http-tls-certfile",
+        default=None,
+        metavar="PATH",
+        help="PEM certificate (chain) for HTTPS on the HTTP frontend and the Prometheus "
+        "listener; with --http-tls-keyfile. Off by default (plain HTTP).",
+    )
+    group.add_argument(
+        "--http-tls-keyfile", default=None, metavar="PATH", help="PEM key of --http-tls-certfile."
+    )
+    group.add_argument(
+        "--http-read-token-file",
+        default=None,
+        metavar="PATH",
+        help="File holding a bearer token the HTTP read routes (/status, /config, /metrics, "
+        "/threads, ...) then require as 'Authorization: Bearer TOKEN' (the admin token is "
+        "accepted too); / and /healthcheck stay open for probes. At least 16 characters.",
+    )
+    group.add_argument(
         "--enable-http-cache-clear",
         action="store_true",
         help="Serve POST /cache/clear (off by default: it drops every cached object). With an "

@@ -82,6 +82,10 @@ class AdminOps(WorkerRegistry, LookupOps):
             self._refusals.note(where, f"{check.value} admin token")
         return check
 
+    def note_refusal(self, where: str, reason: str) -> None:
+        """Log a refused request (rate-limited per ``where``), e.g. a missing read token."""
+        self._refusals.note(where, reason)
+
     def remove_all(self, force: bool = False) -> int:
         """Remove every L1 object (and its lower-tier copies); returns how many went."""
         l1 = self.storage.local_cpu_backend

@@ -22,7 +22,11 @@ from lmcache.v1.multiprocess.server.state import CacheServerSettings
 from lmcache.v1.multiprocess.server.tenants import tenants_from_flags
 from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire.curve import server_keys_from_files
-from lmcache.v1.multiprocess.wire.security import admin_policy, check_run_script_exposure
+from lmcache.v1.multiprocess.wire.security import (
+    admin_policy,
+    check_run_script_exposure,
+    http_security,
+)
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
 from lmcache.v1.storage_backend.redis.connection import RedisUnavailableError
@@ -75,6 +79,9 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     )
     curve = server_keys_from_files(config.curve_secret_key_file, config.authorized_keys)
     tenants = tenants_from_flags(config.tenants_file, None if curve is None else curve.authorized)
+    http = http_security(
+        config.http_tls_certfile, config.http_tls_keyfile, config.http_read_token_file
+    )
     tiers = config.tier_settings()  # every tier input checked; nothing allocated yet
     engine_config = tiers.config
     disk_path = engine_config.local_disk if tiers.disk_enabled else None
@@ -109,6 +116,7 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             kv_event_log_size=config.kv_event_log_size,
             curve=curve,
             tenants=tenants,
+            http=http,
         )
         return MPCacheServer(
             settings,

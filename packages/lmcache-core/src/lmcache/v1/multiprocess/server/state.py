@@ -38,7 +38,7 @@ from lmcache.v1.multiprocess.wire.chunking import ChunkSpan, plan_chunks, range_
 from lmcache.v1.multiprocess.wire.curve import CurveServerKeys
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ServerStats
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
-from lmcache.v1.multiprocess.wire.security import AdminPolicy
+from lmcache.v1.multiprocess.wire.security import AdminPolicy, HTTPSecurity
 from lmcache.v1.platform import get_device_spec
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend
@@ -79,6 +79,8 @@ class CacheServerSettings:
     curve: CurveServerKeys | None = None
     # Tenants bound to those keys (--tenants-file); None: every admitted peer may do all.
     tenants: TenantTable | None = None
+    # TLS and the read-route token of the HTTP listeners (--http-tls-*, --http-read-token-file).
+    http: HTTPSecurity = dataclasses.field(default_factory=HTTPSecurity)
 
 
 @dataclasses.dataclass
