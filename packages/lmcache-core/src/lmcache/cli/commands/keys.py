@@ -38,7 +38,11 @@ def register(subparsers: Any) -> None:
         help="Directory to write to (made if missing; default: the current directory).",
     )
     new.set_defaults(func=run_new)
-    show = actions.add_parser("show", help="Print the public key of a key file.")
+    show = actions.add_parser(
+        "show",
+        help="Print the public key of a key file.",
+        description="Print the Z85 public key of a NAME.key or NAME.key_secret file.",
+    )
     show.add_argument("file", metavar="FILE", help="A NAME.key or NAME.key_secret file.")
     show.set_defaults(func=run_show)
 
