@@ -299,3 +299,17 @@ def test_per_tenant_metrics(served: tuple[MPServer, MPCacheServer], workers: Wor
     forbidden = r'lmcache_mp_tenant_requests_total\{outcome="forbidden",tenant="team-a"\}'
     stored = r'lmcache_mp_tenant_bytes_total\{direction="stored",tenant="team-a"\}'
     assert re.search(forbidden, text) and re.search(stored, text)
+
+
+def test_a_cannot_register_bs_kv_memory(workers: Workers) -> None:
+    """workers._check_segments_free: B's KV pages, registered by A, would be A's to read."""
+    b = workers("bob", "lmcache_driven", None)
+    with pytest.raises(ServerError, match="another tenant's KV memory"):
+        KVCacheWorker(
+            workers.kv_of(b),
+            model_name="shared-model",
+            server_url=workers.url,
+            mode="lmcache_driven",
+            curve=workers.ring.client("alice"),
+        )
+    assert b.store(_tokens(PROMPT, 14000), list(range(8)))

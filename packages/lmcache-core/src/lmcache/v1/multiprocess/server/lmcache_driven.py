@@ -88,6 +88,7 @@ class LMCacheDrivenOps(WorkerRegistry):
         kv_layout = _declared_layout(layout_hints)
         context, events = self._map_kv_cache(kv_cache, layout_hints)
         try:
+            self._check_segments_free(context, "register_kv_cache")
             _context_honors(kv_layout, context)
             layout = context.layout
             self._check_fits_l1(layout, "register_kv_cache")

@@ -59,6 +59,20 @@ class WorkerRegistry(ServerCore):
         if tenant is not None and old is not None and old.tenant != tenant.name:
             raise self._forbid(tenant, operation, f"take over instance id {instance_id}")
 
+    def _check_segments_free(self, context: object, operation: str) -> None:
+        """With tenants: a KV cache whose shared memory another tenant's live worker
+        registered is refused (through the server it would read or overwrite those pages).
+        Segments of no live registration prove nothing either way (docs/operations.md)."""
+        tenant = current_tenant()
+        names = set(getattr(context, "shm_names", None) or [])
+        if tenant is None or not names:
+            return
+        with self._workers_lock:
+            others = [w for w in self._workers.values() if w.tenant != tenant.name]
+        for other in others:
+            if names & set(getattr(other.context, "shm_names", None) or []):
+                raise self._forbid(tenant, operation, "register another tenant's KV memory")
+
     def _replace_worker(self, instance_id: int, worker: Worker) -> None:
         tenant = current_tenant()
         worker.tenant = None if tenant is None else tenant.name
