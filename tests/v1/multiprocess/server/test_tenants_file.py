@@ -89,3 +89,11 @@ def test_tenants_need_curve_keys(tmp_path: Path) -> None:
     assert tenants_from_flags(None, None) is None
     with pytest.raises(TenantsFileError, match="needs --curve-secret-key-file"):
         tenants_from_flags(str(_write(tmp_path, _two())), None)
+
+
+def test_every_operation_has_a_tenant_rule() -> None:
+    """A new operation must decide what a tenant may do with it."""
+    from lmcache.v1.multiprocess.server.tenants import TENANT_RULES
+    from lmcache.v1.multiprocess.wire.protocol import RPC_SPECS
+
+    assert set(TENANT_RULES) == set(RPC_SPECS)

@@ -101,6 +101,44 @@ class TenantTable:
         return [t.name for t in self.tenants]
 
 
+# How each operation treats a tenant (docs/server.md has the table); a test keeps this in
+# step with the RPC table, so a new operation must decide.
+_KEY_READ = "key: tenant's model, a salt it owns or shares"
+_KEY_WRITE = "key: tenant's model, a salt it owns"
+_OWN_WORKER = "instance id: the tenant's own workers only"
+_SESSION = "request id: the tenant's own lookup sessions only"
+TENANT_RULES: dict[str, str] = {
+    "register_kv_cache": "model; no other tenant's instance id or KV memory",
+    "register_kv_cache_engine_driven_context": "model; no other tenant's instance id; no SHM",
+    "unregister_kv_cache": _OWN_WORKER,
+    "unregister_kv_cache_engine_driven_context": _OWN_WORKER,
+    "set_engine_driven_sub_path": _OWN_WORKER + "; never SHM",
+    "ping": _OWN_WORKER,
+    "store": _KEY_WRITE + "; " + _OWN_WORKER,
+    "prepare_store": _KEY_WRITE + "; " + _OWN_WORKER,
+    "commit_store": _KEY_WRITE + "; " + _OWN_WORKER,
+    "commit_store_frames": _KEY_WRITE + "; " + _OWN_WORKER,
+    "retrieve": _KEY_READ + "; " + _OWN_WORKER,
+    "prepare_retrieve": _KEY_READ + "; " + _OWN_WORKER,
+    "commit_retrieve": _KEY_READ + "; " + _OWN_WORKER,
+    "retrieve_frames": _KEY_READ + "; " + _OWN_WORKER,
+    "lookup": _KEY_READ + "; " + _SESSION,
+    "free_lookup_locks": _SESSION,
+    "end_session": _SESSION,
+    "query_prefetch_status": _SESSION,
+    "wait_prefetch_status": _SESSION,
+    "query_prefetch_progress": _SESSION,
+    "subscribe_kv_events": "model; events of readable salts only",
+    "get_stats": "the server's shape only, no counters",
+    "clear": "tenants with admin: true only",
+    "report_block_allocation": "accepted and ignored (nothing is read or changed)",
+    "get_chunk_size": "open: a server-wide constant",
+    "noop": "open",
+    "get_experimental": "open: capabilities",
+    "protocol_handshake": "open: the protocol version",
+}
+
+
 # -- the caller of the request being handled -------------------------------------------------
 
 # Set by the transport around each handler call; None outside requests (reaping, HTTP) and
