@@ -25,13 +25,20 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> KeyRing:
     return make_keyring(tmp_path_factory.mktemp("keys"))
 
 
-def test_client_without_keys_gets_no_reply_at_all(ring: KeyRing) -> None:
-    with keyed(ring) as (server, _engine):
+def test_client_without_keys_gets_no_reply_at_all(
+    ring: KeyRing, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING), keyed(ring) as (server, engine):
         assert raw_replies(server.endpoint, noop_request(), None, SILENCE_S) == []
         started = time.monotonic()
         with pytest.raises(ServerUnavailableError, match="CURVE"):
             MPClient(server.endpoint, timeout=1.0, connect_timeout=1.0)
         assert time.monotonic() - started < 10  # bounded: it never hangs
+        assert engine.metrics is not None
+        text = engine.metrics.exposition().decode()
+    assert 'lmcache_mp_auth_refused_total{mechanism="handshake"}' in text
+    failed = [r for r in caplog.records if "failed the CURVE handshake" in r.getMessage()]
+    assert len(failed) == 1  # rate-limited, though the client retries
 
 
 def test_wrong_key_is_refused_logged_and_counted(

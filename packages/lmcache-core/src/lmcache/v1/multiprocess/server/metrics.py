@@ -35,7 +35,8 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
-_AUTH_MECHANISMS = frozenset({"CURVE", "NULL", "PLAIN", "GSSAPI"})
+# ZAP mechanisms, and "handshake": a connection that failed before ZAP was asked.
+_AUTH_MECHANISMS = frozenset({"CURVE", "NULL", "PLAIN", "GSSAPI", "handshake"})
 _DISK_LOGGER = "lmcache.v1.storage_backend.local_disk_backend"
 
 
@@ -78,7 +79,8 @@ class ServerMetrics:
         # Labels are bounded: mechanisms are a fixed set, tenants come from --tenants-file.
         self._auth_refused = Counter(
             f"{PREFIX}_auth_refused",
-            "Connections refused by CURVE authentication (ZAP), by mechanism.",
+            "Connections refused on the CURVE RPC port: by ZAP (its mechanism) or in the "
+            "handshake (handshake).",
             ["mechanism"],
             registry=self.registry,
         )

@@ -41,7 +41,7 @@ from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog
 from lmcache.v1.multiprocess.server.tenants import Tenant, calling_as
 from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire import protocol
-from lmcache.v1.multiprocess.wire.curve import ZapHandler, peer_key
+from lmcache.v1.multiprocess.wire.curve import HandshakeMonitor, ZapHandler, peer_key
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, Pool, ProtocolError
 from lmcache.v1.multiprocess.wire.security import rpc_reach, warn_if_exposed
 
@@ -155,6 +155,7 @@ class MPServer:
         # The transport drops (and disconnects) anything far beyond the limit; between the
         # limit and this cap the request is answered with message_too_large.
         self._router.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_message_bytes)
+        self._handshakes: HandshakeMonitor | None = None
         self._zap = self._start_curve(engine)
         self._router.bind(self.endpoint)
         if self._zap is None:
@@ -200,6 +201,10 @@ class MPServer:
             on_refusal=None if metrics is None else metrics.count_auth_refused,
         )
         keys.apply(self._router)
+        self._handshakes = HandshakeMonitor(
+            self._router,
+            on_failure=None if metrics is None else lambda: metrics.count_auth_refused("handshake"),
+        )
         logger.info(
             "CURVE on the RPC port: encrypted, %d authorized client key(s)", len(keys.authorized)
         )
@@ -271,6 +276,9 @@ class MPServer:
                 for sock in self._push_sockets:
                     sock.close(linger=0)
             self._replies.close(linger=0)
+            if self._handshakes is not None:
+                self._router.disable_monitor()
+                self._handshakes.close()
             self._router.close(linger=0)
             if self._zap is not None:
                 self._zap.close()

@@ -350,3 +350,55 @@ class ZapHandler:
         """Stop answering (call before the context is terminated)."""
         self._stop.set()
         self._thread.join(timeout=2.0)
+
+
+class HandshakeMonitor:
+    """Logs (rate-limited) and counts connections that fail the CURVE handshake before ZAP
+    is asked: clients without keys, or with keys for another server.  ZAP's own refusals
+    (a key that is not listed) are :class:`ZapHandler`'s.
+
+    ``on_failure`` is called on the monitor's thread for each failed handshake.
+    """
+
+    _EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+    def __init__(self, sock: zmq.Socket[Any], on_failure: Callable[[], None] | None = None) -> None:
+        self._monitor = sock.get_monitor_socket(self._EVENTS)
+        self._on_failure = on_failure
+        self._stop = threading.Event()
+        self._log = RateLimitedLog(logger, _REFUSAL_LOG_INTERVAL_S)
+        self.failed = 0
+        self._thread = threading.Thread(target=self._serve, name="lmc-curve-mon", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        try:
+            while not self._stop.is_set():
+                if self._monitor.poll(_ZAP_POLL_MS):
+                    recv_monitor_message(self._monitor)
+                    self._note()
+        except zmq.ZMQError:
+            pass  # the context is going away
+        finally:
+            self._monitor.close(linger=0)
+
+    def _note(self) -> None:
+        self.failed += 1
+        self._log.log(
+            logging.WARNING,
+            "handshake",
+            "a connection failed the CURVE handshake (a client without keys, or with keys "
+            "for another server); it gets no reply",
+        )
+        if self._on_failure is not None:
+            try:
+                self._on_failure()
+            except Exception:
+                logger.debug("counting a failed handshake failed", exc_info=True)
+
+    def close(self) -> None:
+        """Stop reading events (call before the context is terminated)."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
