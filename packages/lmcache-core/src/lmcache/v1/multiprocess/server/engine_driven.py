@@ -87,9 +87,12 @@ class EngineDrivenOps(WorkerRegistry):
         if sub_path not in ("shm", "inline"):
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"unknown sub-path {sub_path!r}")
         if sub_path == "shm" and (not self.shm_name or worker.tenant is not None):
-            raise ProtocolError(
-                ErrorCode.UNSUPPORTED_TRANSFER_MODE, "this server runs without shared memory"
+            why = (
+                "this server runs without shared memory"
+                if not self.shm_name
+                else "tenants use the inline sub-path (L1's shared memory holds every tenant)"
             )
+            raise ProtocolError(ErrorCode.UNSUPPORTED_TRANSFER_MODE, why)
         worker.inline = sub_path == "inline"
         worker.inline_declared = worker.inline
         return True
