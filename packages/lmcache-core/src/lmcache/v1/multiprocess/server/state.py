@@ -175,9 +175,8 @@ class ServerCore:
 
     def _forbid(self, tenant: Tenant, operation: str, what: str) -> ProtocolError:
         self._tenant_refusals.note(operation, f"tenant {tenant.name}: {what}")
-        return ProtocolError(
-            ErrorCode.FORBIDDEN, f"{operation}: tenant {tenant.name!r} may not {what}"
-        )
+        # The transport names the operation in the reply already.
+        return ProtocolError(ErrorCode.FORBIDDEN, f"tenant {tenant.name!r} may not {what}")
 
     def _check_model(self, model_name: str, operation: str) -> None:
         tenant = current_tenant()
