@@ -137,3 +137,82 @@ def test_exposed_bind_warns_only_without_keys(
         open_lines = [r for r in caplog.records if "not a loopback" in r.getMessage()]
     assert not [r for r in keyed_lines if "RPC" in r.getMessage()]
     assert any("clear text" in r.getMessage() for r in open_lines)
+
+
+class _Tap:
+    """A TCP relay between one client and the server that keeps every byte it relays."""
+
+    def __init__(self, target_port: int) -> None:
+        import socket
+        import threading
+
+        self.seen = bytearray()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._target = target_port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: object, dst: object) -> None:
+        while True:
+            try:
+                data = src.recv(65536)  # type: ignore[attr-defined]
+            except OSError:
+                return
+            if not data:
+                dst.close()  # type: ignore[attr-defined]
+                return
+            with self._lock:
+                self.seen += data
+            dst.sendall(data)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_kv_bytes_cross_the_wire_encrypted_only_with_keys(ring: KeyRing, with_keys: bool) -> None:
+    """The inline path through a relay: the stored KV bytes appear on the wire in clear
+    text without keys (the control), never with them."""
+    from auth_helpers import serve
+
+    kv = make_kv(seed=11, **GEO)
+    needle = bytes(kv[0][:, 0].contiguous().view(torch.uint8).flatten()[:256].tolist())
+    context = keyed(ring) if with_keys else serve()
+    with context as (server, _engine):
+        tap = _Tap(int(server.endpoint.rsplit(":", 1)[1]))
+        keys = (
+            {
+                "curve_secret_key_file": str(ring.clients["alice"]),
+                "curve_server_key_file": str(ring.server_public),
+            }
+            if with_keys
+            else {}
+        )
+        worker = KVCacheWorker(
+            kv,
+            model_name="tap",
+            server_url=f"tcp://127.0.0.1:{tap.port}",
+            mode="engine_driven",
+            sub_path="inline",
+            **keys,
+        )
+        try:
+            assert worker.store(list(range(2 * CHUNK)), list(range(8)))
+        finally:
+            worker.close()
+            tap.close()
+    assert (needle in tap.seen) is not with_keys
