@@ -97,3 +97,19 @@ def test_every_operation_has_a_tenant_rule() -> None:
     from lmcache.v1.multiprocess.wire.protocol import RPC_SPECS
 
     assert set(TENANT_RULES) == set(RPC_SPECS)
+
+
+def test_register_quotas_sets_each_pair(tmp_path: Path) -> None:
+    from lmcache.v1.multiprocess.server.tenants import register_quotas
+
+    class Quotas:
+        def __init__(self) -> None:
+            self.limits: dict[str, int] = {}
+
+        def set_quota(self, cache_salt: str, limit_bytes: int) -> None:
+            self.limits[cache_salt] = limit_bytes
+
+    table = load_tenants(_write(tmp_path, _two(quota_bytes=4096)), AUTHORIZED)
+    quotas = Quotas()
+    assert register_quotas(table, quotas) == 1
+    assert quotas.limits == {"a": 4096}

@@ -43,7 +43,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lmcache.v1.multiprocess.wire.custom_types import validate_cache_salt
 
@@ -182,6 +182,21 @@ def quota_registrations(table: TenantTable | None) -> list[tuple[str, int]]:
         for salt in sorted(tenant.salts | {tenant.default_salt}):
             pairs.append((salt, tenant.quota_bytes))
     return pairs
+
+
+class SupportsSetQuota(Protocol):
+    """The per-salt quota machinery, as far as tenants need it (upstream's
+    ``QuotaManager.set_quota``)."""
+
+    def set_quota(self, cache_salt: str, limit_bytes: int) -> None: ...
+
+
+def register_quotas(table: TenantTable | None, quotas: SupportsSetQuota) -> int:
+    """Register every pair of :func:`quota_registrations` in ``quotas``; how many."""
+    pairs = quota_registrations(table)
+    for salt, limit in pairs:
+        quotas.set_quota(salt, limit)
+    return len(pairs)
 
 
 # -- the file --------------------------------------------------------------------------------
