@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError, free_url
 
 
@@ -22,7 +23,8 @@ class SmallServers:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def __call__(self, *extra: str) -> str:
+    def __call__(self, *extra: str, curve: CurveClientKeys | None = None) -> str:
+        """``curve``: the client keys to probe a server started with CURVE flags."""
         url = free_url()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
         env.pop("LMCACHE_ADMIN_TOKEN", None)
@@ -39,7 +41,7 @@ class SmallServers:
         while True:
             assert proc.poll() is None, log_path.read_text(errors="replace")
             try:
-                MPClient(url, timeout=2, connect_timeout=0.5).close()
+                MPClient(url, timeout=2, connect_timeout=0.5, curve=curve).close()
                 return url
             except ServerUnavailableError:
                 assert time.monotonic() < deadline, "server did not come up"

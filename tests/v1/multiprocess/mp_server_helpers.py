@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError
 
 SMALL_LAYOUT = {"num_layers": 3, "num_blocks": 48, "block_size": 4, "num_heads": 2, "head_size": 8}
@@ -27,7 +28,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        port: int | None = None,
+        curve: CurveClientKeys | None = None,
+    ) -> None:
+        # ``curve``: the keys this helper's own clients use (a server with CURVE keys).
+        self.curve = curve
         # A given port restarts a server where a killed one listened.
         self.port = free_port() if port is None else port
         self.url = f"tcp://127.0.0.1:{self.port}"
@@ -59,14 +68,14 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
-                MPClient(self.url, timeout=2, connect_timeout=0.5).close()
+                MPClient(self.url, timeout=2, connect_timeout=0.5, curve=self.curve).close()
                 return
             except ServerUnavailableError:
                 time.sleep(0.1)
         raise RuntimeError(f"server did not come up:\n{self.log()}")
 
     def client(self, timeout: float = 10.0) -> MPClient:
-        return MPClient(self.url, timeout=timeout)
+        return MPClient(self.url, timeout=timeout, curve=self.curve)
 
     def log(self) -> str:
         self._log.flush()

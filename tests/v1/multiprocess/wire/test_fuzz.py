@@ -12,7 +12,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -83,7 +83,49 @@ def _describe(seed: int, result: FuzzResult, factory: MessageFactory) -> str:
 
 
 def test_fuzz_every_message_gets_one_reply(fuzz_server: ServerProcess) -> None:
-    seed, total = _fuzz_seed(), _fuzz_messages()
+    _fuzz(fuzz_server, _fuzz_messages())
+
+
+@pytest.fixture(scope="module")
+def keyed_fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """As ``fuzz_server``, with CURVE keys: the fuzz runs behind the handshake."""
+    from mp_server_helpers import BASE_ARGS
+
+    from lmcache.v1.multiprocess.wire.curve import CurveClientKeys, write_key_pair
+
+    root = tmp_path_factory.mktemp("fuzz-keys")
+    server_public, server_secret = write_key_pair(root / "server", "server")
+    _public, client_secret = write_key_pair(root / "authorized", "fuzzer")
+    server = ServerProcess(
+        [
+            *BASE_ARGS,
+            "--supported-transfer-mode", "auto",
+            "--max-message-mb", str(MAX_MESSAGE_MB),
+            "--worker-reap-timeout-seconds", "2",
+            "--pending-transfer-timeout-seconds", "1",
+            "--curve-secret-key-file", str(server_secret),
+            "--authorized-keys", str(root / "authorized"),
+        ],
+        root / "server.log",
+        curve=CurveClientKeys.from_files(client_secret, server_public),
+    )  # fmt: skip
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_fuzz_with_curve_keys_every_message_gets_one_reply(
+    keyed_fuzz_server: ServerProcess,
+) -> None:
+    """The same fuzz through an authenticated, encrypted connection (a quarter of the
+    messages: the framing and handlers are the same, the transport is not)."""
+    _fuzz(keyed_fuzz_server, max(WARMUP_MESSAGES + 1000, _fuzz_messages() // 4))
+
+
+def _fuzz(fuzz_server: ServerProcess, total: int) -> None:
+    seed = _fuzz_seed()
     print(f"\nfuzz seed {seed}, {total} messages (replay: LMCACHE_FUZZ_SEED={seed})")
     rng = random.Random(seed)
     fuzz_kv = make_kv(shm=True, seed=3)
@@ -96,7 +138,7 @@ def test_fuzz_every_message_gets_one_reply(fuzz_server: ServerProcess) -> None:
     uids = iter(range(1 << 62))
     messages = (factory.message(next(uids)) for _ in iter(int, 1))
     pid = fuzz_server.proc.pid
-    session = FuzzSession(fuzz_server.url)
+    session = FuzzSession(fuzz_server.url, curve=fuzz_server.curve)
     try:
         warm = session.run(messages, min(WARMUP_MESSAGES, total))
         rss_before, shm_before = rss_bytes(pid), shm_segments(pid)
@@ -144,14 +186,15 @@ def shm_segments_of_cache(kv: list[torch.Tensor]) -> set[str]:
 
 
 def _assert_store_retrieve_bit_exact(server: ServerProcess) -> None:
+    keys = {"curve": server.curve}
     for mode in ("engine_driven", "lmcache_driven"):
         shm = mode == "lmcache_driven"
         kv, out = make_kv(shm=shm, seed=8), make_kv(shm=shm, seed=None)
         writer = KVCacheWorker(
-            kv, model_name=f"after-fuzz-{mode}", server_url=server.url, mode=mode
+            kv, model_name=f"after-fuzz-{mode}", server_url=server.url, mode=mode, **keys
         )
         reader = KVCacheWorker(
-            out, model_name=f"after-fuzz-{mode}", server_url=server.url, mode=mode
+            out, model_name=f"after-fuzz-{mode}", server_url=server.url, mode=mode, **keys
         )
         try:
             tokens = list(range(2 * CHUNK_SIZE))

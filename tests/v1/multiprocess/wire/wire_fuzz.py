@@ -28,6 +28,7 @@ import msgspec
 import zmq
 
 from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 from lmcache.v1.platform.base.ipc_wire import DEVICE_IPC_WRAPPER_EXT_CODE
 from lmcache.v1.platform.base.ipc_wrapper import DeviceIPCWrapper
@@ -447,12 +448,20 @@ class FuzzResult:
 class FuzzSession:
     """Sends fuzz messages in windows; every message must get exactly one reply."""
 
-    def __init__(self, url: str, reply_timeout_s: float = 15.0, window: int = 200) -> None:
+    def __init__(
+        self,
+        url: str,
+        reply_timeout_s: float = 15.0,
+        window: int = 200,
+        curve: CurveClientKeys | None = None,
+    ) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
+        if curve is not None:  # a server with CURVE keys: fuzz behind the handshake
+            curve.apply(self.sock)
         self.sock.connect(url)
         self.reply_timeout_s = reply_timeout_s
         self.window = window

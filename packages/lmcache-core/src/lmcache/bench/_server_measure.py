@@ -10,6 +10,7 @@ import time
 import torch
 
 from lmcache.bench._output import progress
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -90,14 +91,22 @@ def _copy_after(barrier: threading.Barrier, dst: torch.Tensor, src: torch.Tensor
 
 def measure(
     args: argparse.Namespace, url: str, mode: str, sub: str | None, workers: int,
-    progress: RunProgress, label: str,
+    progress: RunProgress, label: str, curve: CurveClientKeys | None = None,
 ) -> tuple[float, float]:  # fmt: skip
     blocks_per_request = args.chunks * args.chunk_size // args.block_size
     shm = mode == "lmcache_driven"
     caches = [_kv(args, 2 * blocks_per_request, shm) for _ in range(workers)]
     model = f"bench-{mode}-{sub}-{workers}-{time.monotonic_ns()}"
     clients = [
-        KVCacheWorker(kv, model_name=model, server_url=url, mode=mode, sub_path=sub, timeout=120)
+        KVCacheWorker(
+            kv,
+            model_name=model,
+            server_url=url,
+            mode=mode,
+            sub_path=sub,
+            timeout=120,
+            curve=curve,
+        )
         for kv in caches
     ]
     tokens_per_request = args.chunks * args.chunk_size

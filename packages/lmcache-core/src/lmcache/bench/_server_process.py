@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError
 
 
@@ -21,8 +22,9 @@ def free_port() -> int:
 
 
 def start_server(
-    args: argparse.Namespace, l1_gb: float, *extra: str
+    args: argparse.Namespace, l1_gb: float, *extra: str, curve: CurveClientKeys | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """``curve``: the client keys that reach a server started with CURVE flags."""
     port = free_port()
     cmd = [
         sys.executable, "-m", "lmcache.cli.main", "server", "--port", str(port),
@@ -38,7 +40,7 @@ def start_server(
         if proc.poll() is not None:
             raise RuntimeError("lmcache server exited during startup")
         try:
-            MPClient(url, timeout=2, connect_timeout=0.5).close()
+            MPClient(url, timeout=2, connect_timeout=0.5, curve=curve).close()
             return proc, url
         except ServerUnavailableError:
             time.sleep(0.1)

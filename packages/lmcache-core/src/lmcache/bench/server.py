@@ -9,6 +9,8 @@ The reference is one ``torch`` copy of the same bytes in this process (the memcp
 ``--metrics-overhead`` instead starts two servers, one with ``--disable-metrics``, and
 alternates timed rounds between them (store + retrieve, one worker per path), so drift on a
 shared machine hits both alike; it reports the throughput of each and how far apart they are.
+``--curve`` does the same with a server with CURVE keys against a plaintext one (the cost
+of encryption: ``--paths engine-inline`` is the path whose KV bytes cross the wire).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from lmcache.bench._server_measure import (
     parallel_memcpy_gbps,
     run_sizes,
 )
-from lmcache.bench._server_metrics import run_metrics_overhead
+from lmcache.bench._server_metrics import run_curve_overhead, run_metrics_overhead
 from lmcache.bench._server_process import start_server, stop_server
 
 PATHS = (
@@ -90,7 +92,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare a server with metrics against one with --disable-metrics",
     )
     parser.add_argument(
-        "--rounds", type=int, default=7, help="alternating rounds of --metrics-overhead"
+        "--curve",
+        action="store_true",
+        help="compare a server with CURVE keys (encrypted, authenticated wire) against a "
+        "plaintext one, in alternating rounds (the inline path carries the KV bytes over "
+        "the wire; the SHM paths only their control messages)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=7,
+        help="alternating rounds of --metrics-overhead and --curve",
     )
     add_output_arguments(parser)
 
@@ -109,8 +121,12 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("lmcache").setLevel(logging.WARNING)  # keep the progress bar readable
     wanted = {"engine-shm": 0, "engine-inline": 1, "lmcache-driven": 2}
     paths = [PATHS[wanted[p]] for p in args.paths]
+    if args.metrics_overhead and args.curve:
+        raise ValueError("give --metrics-overhead or --curve, not both")
     if args.metrics_overhead:
         return run_metrics_overhead(args, paths)
+    if args.curve:
+        return run_curve_overhead(args, paths)
     chunk_bytes, request_bytes, l1_gb = run_sizes(args, max(args.workers))
     memcpy = memcpy_gbps(request_bytes)
     bar = RunProgress(sum(2 * (args.iters + 1) * w for w in args.workers) * len(paths))

@@ -152,7 +152,13 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         # One link and heartbeat per server (see multi_server): each server's outages and
         # restarts are handled on their own.
         self.links = [
-            ServerLink(url, self.config.mq_timeout, self.config.start_server_hint, self.block_size)
+            ServerLink(
+                url,
+                self.config.mq_timeout,
+                self.config.start_server_hint,
+                self.block_size,
+                curve=self.config.curve,
+            )
             for url in urls
         ]
         self.link = self.links[0]

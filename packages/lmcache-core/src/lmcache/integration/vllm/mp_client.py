@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.worker.client import (
     MPClient,
     MPClientError,
@@ -114,10 +115,18 @@ class ServerLink:
     a new incarnation and bumps ``generation``.
     """
 
-    def __init__(self, url: str, mq_timeout: float, start_hint: str, block_size: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        mq_timeout: float,
+        start_hint: str,
+        block_size: int,
+        curve: CurveClientKeys | None = None,
+    ) -> None:
         self.url = url
         self.health = ServerHealth(url)
         self.mq_timeout = mq_timeout
+        self.curve = curve  # lmcache.mp.curve_*: every connection of this link uses them
         self.start_hint = start_hint
         self.block_size = block_size
         self.guarded: GuardedClient | None = None
@@ -160,7 +169,9 @@ class ServerLink:
         wait = self.mq_timeout if timeout is None else timeout
         client: MPClient | None = None
         try:
-            client = MPClient(self.url, timeout=wait, connect_timeout=min(wait, 10.0))
+            client = MPClient(
+                self.url, timeout=wait, connect_timeout=min(wait, 10.0), curve=self.curve
+            )
             chunk_size = int(client.get_chunk_size())
             incarnation = _incarnation(client)
         except ServerUnavailableError as exc:
@@ -260,7 +271,10 @@ class HeartbeatThread(threading.Thread):
             try:
                 if probe is None:
                     probe = MPClient(
-                        self._link.url, timeout=self._timeout, connect_timeout=self._timeout
+                        self._link.url,
+                        timeout=self._timeout,
+                        connect_timeout=self._timeout,
+                        curve=self._link.curve,
                     )
                 self._link.check(probe)
             except MPClientError as exc:

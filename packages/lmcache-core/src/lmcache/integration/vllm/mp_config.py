@@ -16,6 +16,7 @@ from typing import Any
 
 from lmcache.integration.vllm.lazy_offload import LazyOffloadConfig, LazyOffloadPolicy
 from lmcache.integration.vllm.server_placement import PLACEMENTS
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys, client_keys_from_files
 from lmcache.v1.platform.transfer_mode import ENV_MP_TRANSFER_MODE, MPTransferMode
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,10 @@ DEFAULTS: dict[str, Any] = {
     # Ours: "prefix" (each prefix on one server), "rank" (upstream's: TP ranks split over
     # the servers) or "auto" (rank where the world size allows it); see .server_placement.
     "server_placement": "auto",
+    # Ours: CURVE keys for a server with --curve-secret-key-file (both, or neither): this
+    # client's NAME.key_secret and the server's public NAME.key.
+    "curve_secret_key_file": "",
+    "curve_server_key_file": "",
     "autostart.server_args": (),
     "autostart.wait_timeout": 90.0,
 }
@@ -160,6 +165,8 @@ class MPConnectorConfig:
     server_placement: str = "auto"
     # lmcache.mp.lazy_offload: stores deferred by a policy (see .lazy_offload); None = off.
     lazy_offload: LazyOffloadConfig | None = None
+    # lmcache.mp.curve_*: keys for an authenticated, encrypted wire; None = plaintext.
+    curve: CurveClientKeys | None = None
 
     @property
     def start_server_hint(self) -> str:
@@ -227,7 +234,13 @@ def parse_extra_config(
             get("mq_timeout"),
         )
     _check_autostart(values, urls)
+    curve = client_keys_from_files(
+        get("curve_secret_key_file"),
+        get("curve_server_key_file"),
+        f"{PREFIX}curve_secret_key_file / {PREFIX}curve_server_key_file",
+    )
     return MPConnectorConfig(
+        curve=curve,
         lazy_offload=_lazy_offload_config(get) if get("lazy_offload") else None,
         server_placement=_server_placement(get("server_placement")),
         server_urls=tuple(urls),

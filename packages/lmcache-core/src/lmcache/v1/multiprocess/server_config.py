@@ -157,6 +157,14 @@ class MPServerConfig:
     enable_admin_ops: bool = False
     admin_token: str | None = dataclasses.field(default=None, repr=False)
     admin_token_file: str | None = None
+    # CurveZMQ and tenants (lmcache.v1.multiprocess.wire.curve, .server.tenants).
+    curve_secret_key_file: str | None = None
+    authorized_keys: str | None = None
+    tenants_file: str | None = None
+    # TLS of the HTTP frontend and the Prometheus listener; the HTTP read routes' token.
+    http_tls_certfile: str | None = None
+    http_tls_keyfile: str | None = None
+    http_read_token_file: str | None = None
     # Started beside the server (:mod:`.runtime_plugin_config`).
     runtime_plugin_config: RuntimePluginConfig = dataclasses.field(
         default_factory=RuntimePluginConfig
@@ -440,6 +448,12 @@ def _flags_config(args: argparse.Namespace) -> MPServerConfig:
         enable_admin_ops=args.enable_admin_ops,
         admin_token=args.admin_token,
         admin_token_file=args.admin_token_file,
+        curve_secret_key_file=args.curve_secret_key_file,
+        authorized_keys=args.authorized_keys,
+        tenants_file=args.tenants_file,
+        http_tls_certfile=args.http_tls_certfile,
+        http_tls_keyfile=args.http_tls_keyfile,
+        http_read_token_file=args.http_read_token_file,
         runtime_plugin_config=parse_args_to_runtime_plugin_config(args),
     )
 

@@ -190,6 +190,7 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     add_storage_manager_args(parser)
     add_runtime_plugin_args(parser)
     add_admin_args(parser)
+    add_auth_args(parser)
     add_http_frontend_args(parser)
     add_observability_args(parser)
     return parser
@@ -313,6 +314,35 @@ def add_storage_manager_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_auth_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Authenticated clients (CurveZMQ)", "See the threat model in docs/operations.md."
+    )
+    group.add_argument(
+        "--curve-secret-key-file",
+        default=None,
+        metavar="PATH",
+        help="The server's CURVE key pair (a NAME.key_secret file from `lmcache keys new "
+        "NAME`). With --authorized-keys, the RPC port is encrypted and admits only listed "
+        "client keys; a client without a listed key gets no reply at all. Off by default.",
+    )
+    group.add_argument(
+        "--authorized-keys",
+        default=None,
+        metavar="DIR",
+        help="Directory of the client public keys (*.key files) admitted on the RPC port; "
+        "needs --curve-secret-key-file.",
+    )
+    group.add_argument(
+        "--tenants-file",
+        default=None,
+        metavar="PATH",
+        help="YAML or JSON file binding each authorized client key to a tenant (models, "
+        "cache salts, byte quota, read-only shares); enforced on every operation. Needs "
+        "--authorized-keys. See docs/server.md.",
+    )
+
+
 def add_admin_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "Admin operations", "See the threat model in docs/operations.md."
@@ -377,6 +407,24 @@ def add_http_frontend_args(parser: argparse.ArgumentParser) -> None:
         help="Most HTTP connections open at once (they share the process's descriptor limit "
         "with ZMQ). A new one past it closes the connection idle longest; when every "
         "connection has a request in progress it gets 503 and is closed.",
+    )
+    group.add_argument(
+        "--http-tls-certfile",
+        default=None,
+        metavar="PATH",
+        help="PEM certificate (chain) for HTTPS on the HTTP frontend and the Prometheus "
+        "listener; with --http-tls-keyfile. Off by default (plain HTTP).",
+    )
+    group.add_argument(
+        "--http-tls-keyfile", default=None, metavar="PATH", help="PEM key of --http-tls-certfile."
+    )
+    group.add_argument(
+        "--http-read-token-file",
+        default=None,
+        metavar="PATH",
+        help="File holding a bearer token the HTTP read routes (/status, /config, /metrics, "
+        "/threads, ...) then require as 'Authorization: Bearer TOKEN' (the admin token is "
+        "accepted too); / and /healthcheck stay open for probes. At least 16 characters.",
     )
     group.add_argument(
         "--enable-http-cache-clear",

@@ -16,6 +16,7 @@ import msgspec
 
 from lmcache.v1.multiprocess.server.lookup import LookupOps
 from lmcache.v1.multiprocess.server.state import DIRECT_SUB_PATH
+from lmcache.v1.multiprocess.server.tenants import current_tenant
 from lmcache.v1.multiprocess.server.tiers import (
     describe_tiers,
     tier_degradations,
@@ -49,6 +50,9 @@ class AdminOps(WorkerRegistry, LookupOps):
         """Refuse a wire admin operation unless --enable-admin-ops is on and the token
         (when one is configured) matches; raises ``ProtocolError``."""
         policy = self.settings.admin
+        tenant = current_tenant()
+        if tenant is not None and not tenant.admin:
+            raise self._forbid(tenant, operation, "run admin operations (admin: false)")
         if not policy.wire_enabled:
             self._refusals.note(operation, "admin operations are off")
             raise ProtocolError(
@@ -78,6 +82,10 @@ class AdminOps(WorkerRegistry, LookupOps):
             self._refusals.note(where, f"{check.value} admin token")
         return check
 
+    def note_refusal(self, where: str, reason: str) -> None:
+        """Log a refused request (rate-limited per ``where``), e.g. a missing read token."""
+        self._refusals.note(where, reason)
+
     def remove_all(self, force: bool = False) -> int:
         """Remove every L1 object (and its lower-tier copies); returns how many went."""
         l1 = self.storage.local_cpu_backend
@@ -106,7 +114,12 @@ class AdminOps(WorkerRegistry, LookupOps):
         """The next page of ``model_name``'s KV events after ``cursor`` (see
         :mod:`.kv_events`); answers at once, so a subscriber polls from ``next_cursor``."""
         del instance_id  # no per-subscriber state: any number may read the same log
-        return self.kv_events.read(model_name, cursor, max_events)
+        tenant = current_tenant()
+        if tenant is None:
+            return self.kv_events.read(model_name, cursor, max_events)
+        self._check_model(model_name, "subscribe_kv_events")
+        # Only the events of salts the tenant may read: the rest would name others' prompts.
+        return self.kv_events.read(model_name, cursor, max_events, visible=tenant.may_read)
 
     def protocol_handshake(self, client_version: int) -> tuple[int, bool]:
         if client_version != PROTOCOL_VERSION:
@@ -118,6 +131,14 @@ class AdminOps(WorkerRegistry, LookupOps):
         return PROTOCOL_VERSION, True
 
     def get_stats(self) -> ServerStats:
+        if current_tenant() is not None:
+            # Server-wide counters would show other tenants' traffic (and L1's segment name
+            # its memory): a tenant sees the server's shape only.
+            return ServerStats(
+                supported_transfer_mode=self.stats.supported_transfer_mode,
+                chunk_size=self.chunk_size,
+                server_incarnation=self.stats.server_incarnation,
+            )
         l1 = self.storage.local_cpu_backend
         with self._workers_lock:
             modes = [w.mode for w in self._workers.values()]

@@ -23,6 +23,7 @@ from lmcache.v1.multiprocess.server.inline_codec import (
 from lmcache.v1.multiprocess.server.kv_layout import KVLayout, dtype_name
 from lmcache.v1.multiprocess.server.pending import Pending
 from lmcache.v1.multiprocess.server.state import Worker
+from lmcache.v1.multiprocess.server.tenants import current_tenant
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
 from lmcache.v1.multiprocess.wire.chunking import ChunkSpan
 from lmcache.v1.multiprocess.wire.custom_types import (
@@ -58,10 +59,16 @@ class EngineDrivenOps(WorkerRegistry):
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, str(exc)) from None
         self._check_fits_l1(layout, "register_kv_cache_engine_driven_context")
         self._check_worker_room(payload.instance_id, "register_kv_cache_engine_driven_context")
+        self._check_registration(
+            payload.instance_id, payload.model_name, "register_kv_cache_engine_driven_context"
+        )
         worker = Worker(
             payload.model_name, payload.world_size, layout, MPTransferMode.ENGINE_DRIVEN
         )
-        worker.inline = not self.shm_name
+        # A tenant is never offered L1's shared memory: mapping it would show every
+        # tenant's chunks.  Its worker speaks the inline sub-path.
+        offered = self.shm_name if current_tenant() is None else ""
+        worker.inline = not offered
         self._replace_worker(payload.instance_id, worker)
         logger.info(
             "registered engine-driven worker %d (%s, world size %d, %d layers, %s)",
@@ -72,17 +79,20 @@ class EngineDrivenOps(WorkerRegistry):
             payload.dtype_str,
         )
         return RegisterEngineDrivenContextResponse(
-            shm_name=self.shm_name, pool_size=self._pool_size
+            shm_name=offered, pool_size=self._pool_size if offered else 0
         )
 
     def set_engine_driven_sub_path(self, instance_id: int, sub_path: str) -> bool:
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
         if sub_path not in ("shm", "inline"):
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"unknown sub-path {sub_path!r}")
-        if sub_path == "shm" and not self.shm_name:
-            raise ProtocolError(
-                ErrorCode.UNSUPPORTED_TRANSFER_MODE, "this server runs without shared memory"
+        if sub_path == "shm" and (not self.shm_name or worker.tenant is not None):
+            why = (
+                "this server runs without shared memory"
+                if not self.shm_name
+                else "tenants use the inline sub-path (L1's shared memory holds every tenant)"
             )
+            raise ProtocolError(ErrorCode.UNSUPPORTED_TRANSFER_MODE, why)
         worker.inline = sub_path == "inline"
         worker.inline_declared = worker.inline
         return True
@@ -125,6 +135,7 @@ class EngineDrivenOps(WorkerRegistry):
 
     def prepare_store(self, key: IPCCacheServerKey, instance_id: int) -> PrepareStoreResponse:
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "prepare_store")
+        key = self._admit_key(key, True, "prepare_store")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
         self._refuse_pickle_sub_path(worker, instance_id, "prepare_store")
         spans = self._plan(key, worker)
@@ -145,6 +156,7 @@ class EngineDrivenOps(WorkerRegistry):
 
     def commit_store(self, key: IPCCacheServerKey, instance_id: int, data: bytes = b"") -> bool:
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "commit_store")
+        key = self._admit_key(key, True, "commit_store")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
         spans = self._plan(key, worker)
         pending = self._pending.take(self._pending.stores, (instance_id, self._span_id(spans)))
@@ -180,6 +192,7 @@ class EngineDrivenOps(WorkerRegistry):
     ) -> bool:
         """The framed inline ``commit_store``: one data frame per prepared chunk."""
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "commit_store_frames")
+        key = self._admit_key(key, True, "commit_store_frames")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
         spans = self._plan(key, worker)
         pending = self._pending.take(self._pending.stores, (instance_id, self._span_id(spans)))
@@ -202,6 +215,7 @@ class EngineDrivenOps(WorkerRegistry):
         """The framed inline retrieve in one round trip: every chunk of the range as its own
         frame, viewing the L1 object (pinned until sent), or ``success=False`` on a miss."""
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "retrieve_frames")
+        key = self._admit_key(key, False, "retrieve_frames")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
         self._refuse_pickle_sub_path(worker, instance_id, "retrieve_frames")
         spans = self._plan(key, worker)
@@ -223,6 +237,7 @@ class EngineDrivenOps(WorkerRegistry):
 
     def prepare_retrieve(self, key: IPCCacheServerKey, instance_id: int) -> PrepareRetrieveResponse:
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "prepare_retrieve")
+        key = self._admit_key(key, False, "prepare_retrieve")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
         self._refuse_pickle_sub_path(worker, instance_id, "prepare_retrieve")
         spans = self._plan(key, worker)
@@ -251,6 +266,7 @@ class EngineDrivenOps(WorkerRegistry):
 
     def commit_retrieve(self, key: IPCCacheServerKey, instance_id: int) -> bool:
         self._require_mode(MPTransferMode.ENGINE_DRIVEN, "commit_retrieve")
+        key = self._admit_key(key, False, "commit_retrieve")
         worker = self._worker(instance_id, MPTransferMode.ENGINE_DRIVEN)
         spans = self._plan(key, worker)
         pending = self._pending.take(self._pending.retrieves, (instance_id, self._span_id(spans)))

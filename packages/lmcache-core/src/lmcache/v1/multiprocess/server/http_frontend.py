@@ -116,6 +116,31 @@ def _route_label(request: Request) -> str:
     return f"HTTP {path if isinstance(path, str) else request.url.path}"
 
 
+# Open with --http-read-token-file too: probes and the route list carry no token.
+OPEN_ROUTES = frozenset({"/", "/healthcheck"})
+
+
+def _read_refused(engine: MPCacheServer, request: Request) -> JSONResponse | None:
+    """401 unless the request carries the read token or the admin token (when a read
+    token is configured and the route is not open)."""
+    security = engine.settings.http
+    if security.read_token is None or request.url.path in OPEN_ROUTES:
+        return None
+    presented = _bearer_token(request.headers.get("authorization"))
+    if security.check_read_token(presented) is TokenCheck.OK:
+        return None
+    admin = engine.settings.admin
+    if admin.token is not None and admin.check_token(presented) is TokenCheck.OK:
+        return None
+    engine.note_refusal(f"HTTP {request.url.path}", "missing or wrong read token")
+    return _error(
+        401,
+        "unauthorized",
+        "this server has an HTTP read token: send it as 'Authorization: Bearer <token>'",
+        {"WWW-Authenticate": 'Bearer realm="lmcache"'},
+    )
+
+
 def _unauthorized(engine: MPCacheServer, request: Request) -> JSONResponse | None:
     """A 401 reply unless the request carries the admin token (when one is configured)."""
     check = engine.check_admin_token(
@@ -223,6 +248,11 @@ def build_app(
         )
         return _error(422, "bad_request", problems or "invalid request")
 
+    @app.middleware("http")
+    async def read_token(request: Request, call_next: Any) -> Any:
+        refused = _read_refused(engine, request)
+        return refused if refused is not None else await call_next(request)
+
     @app.get("/")
     def index() -> dict[str, Any]:
         return {"service": "lmcache-mp-server", "routes": list(ROUTES)}
@@ -319,8 +349,11 @@ class HTTPFrontend:
                 # A non-loopback host without a token was refused at start-up.
                 else " for any local process (no admin token is configured)",
             )
+        self._tls = engine.settings.http.tls
         config = uvicorn.Config(
             build_app(engine, is_serving, allow_cache_clear),
+            ssl_certfile=engine.settings.http.tls_certfile,
+            ssl_keyfile=engine.settings.http.tls_keyfile,
             http=self._protocol,  # h11 with header/body timeouts and a connection cap
             log_level="warning",
             access_log=False,
@@ -334,7 +367,7 @@ class HTTPFrontend:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def limit_stats(self) -> HTTPLimitStats:
@@ -359,10 +392,20 @@ class HTTPFrontend:
 class PrometheusEndpoint:
     """``prometheus_client``'s HTTP server over one registry (``--prometheus-port``)."""
 
-    def __init__(self, registry: Any, host: str, port: int) -> None:
+    def __init__(
+        self,
+        registry: Any,
+        host: str,
+        port: int,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+    ) -> None:
+        """``certfile``/``keyfile``: serve HTTPS (--http-tls-certfile/--http-tls-keyfile)."""
         from prometheus_client import start_http_server
 
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self._server, self._thread = start_http_server(
+            port, addr=host, registry=registry, certfile=certfile, keyfile=keyfile
+        )
         self.port = int(self._server.server_address[1])
         warn_if_exposed("the Prometheus endpoint", host, self.port, "read the metrics")
 

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any
 
@@ -43,6 +43,7 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     KVEventBatch,
     KVEventRecord,
 )
+from lmcache.v1.storage_backend.cache_salt import salt_of
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ DEFAULT_KV_EVENT_LOG_SIZE = 32768
 # Chunks whose tokens and parent are remembered for their 'stored' record; trimmed to half
 # when full (oldest first), so the table stays bounded whatever the traffic.
 TOKEN_BINDING_CAPACITY = 65536
+# A tenant's read scans at most this many records per record it may return.
+_VISIBLE_SCAN_FACTOR = 8
 
 
 def hash_bytes(chunk_hash: int) -> bytes:
@@ -61,6 +64,8 @@ def hash_bytes(chunk_hash: int) -> bytes:
 @dataclasses.dataclass
 class _ModelLog:
     records: deque[KVEventRecord]
+    # The cache salt of each record (same positions): a tenant reads only its salts' events.
+    salts: deque[str]
     next_seq: int = 1
 
 
@@ -127,21 +132,23 @@ class KVEventLog:
         if not self.enabled:
             return
         name = (key.model_name, int(key.chunk_hash))
+        salt = salt_of(key)
         with self._lock:
             count = self._resident.get(name, 0)
             if present:
                 self._resident[name] = count + 1
                 if count == 0:
-                    self._append_stored(name)
+                    self._append_stored(name, salt)
                 return
             if count <= 1:
                 self._resident.pop(name, None)
                 if count == 1:
-                    self._append(name[0], KV_EVENT_KIND_REMOVED, [hash_bytes(name[1])], None, [])
+                    removed = [hash_bytes(name[1])]
+                    self._append(name[0], KV_EVENT_KIND_REMOVED, removed, None, [], salt)
             else:
                 self._resident[name] = count - 1
 
-    def _append_stored(self, name: tuple[str, int]) -> None:
+    def _append_stored(self, name: tuple[str, int], salt: str) -> None:
         binding = self._bindings.get(name)
         if binding is None:
             self.unbound_stores += 1
@@ -150,7 +157,7 @@ class KVEventLog:
         else:
             tokens = list(binding[0])
             parent = None if binding[1] is None else hash_bytes(binding[1])
-        self._append(name[0], KV_EVENT_KIND_STORED, [hash_bytes(name[1])], parent, tokens)
+        self._append(name[0], KV_EVENT_KIND_STORED, [hash_bytes(name[1])], parent, tokens, salt)
 
     def _append(
         self,
@@ -159,10 +166,14 @@ class KVEventLog:
         hashes: list[bytes],
         parent: bytes | None,
         tokens: list[int],
+        salt: str = "",
     ) -> None:
         log = self._logs.get(model_name)
         if log is None:
-            log = self._logs[model_name] = _ModelLog(deque(maxlen=self.capacity))
+            log = self._logs[model_name] = _ModelLog(
+                deque(maxlen=self.capacity), deque(maxlen=self.capacity)
+            )
+        log.salts.append(salt)
         log.records.append(
             KVEventRecord(
                 seq=log.next_seq,
@@ -178,9 +189,18 @@ class KVEventLog:
 
     # -- outputs ------------------------------------------------------------------------------
 
-    def read(self, model_name: str, cursor: int, max_events: int) -> KVEventBatch:
+    def read(
+        self,
+        model_name: str,
+        cursor: int,
+        max_events: int,
+        visible: Callable[[str], bool] | None = None,
+    ) -> KVEventBatch:
         """Up to ``max_events`` records of ``model_name`` after ``cursor`` (0: from the
-        start); never waits."""
+        start); never waits.  ``visible`` (a tenant's reader): only records of the salts
+        it accepts; the others are skipped, and the cursor moves past them."""
+        if visible is not None:
+            return self._read_visible(model_name, cursor, max_events, visible)
         if cursor < 0 or max_events <= 0:
             raise ValueError("cursor must be >= 0 and max_events positive")
         if not self.enabled:
@@ -200,6 +220,28 @@ class KVEventLog:
             if lost and not records:
                 next_cursor = last
             return KVEventBatch(True, self.incarnation, next_cursor, lost, records)
+
+    def _read_visible(
+        self, model_name: str, cursor: int, max_events: int, visible: Callable[[str], bool]
+    ) -> KVEventBatch:
+        batch = self.read(model_name, cursor, max_events * _VISIBLE_SCAN_FACTOR)
+        if not batch.enabled:
+            return batch
+        with self._lock:
+            log = self._logs.get(model_name)
+            first = log.records[0].seq if log is not None and log.records else 0
+            salts = {} if log is None else {
+                r.seq: log.salts[r.seq - first] for r in batch.events if r.seq >= first
+            }  # fmt: skip
+        kept: list[KVEventRecord] = []
+        next_cursor = batch.next_cursor
+        for record in batch.events:
+            if len(kept) == max_events:
+                next_cursor = kept[-1].seq
+                break
+            if visible(salts.get(record.seq, "")):
+                kept.append(record)
+        return KVEventBatch(batch.enabled, batch.incarnation, next_cursor, batch.lost, kept)
 
     def resident_hashes(self, model_name: str) -> set[bytes]:
         """The hashes of ``model_name`` with a chunk in L1 (what the events announce)."""

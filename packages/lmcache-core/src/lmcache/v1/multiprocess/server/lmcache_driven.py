@@ -84,9 +84,11 @@ class LMCacheDrivenOps(WorkerRegistry):
         if not kv_cache:
             raise ProtocolError(ErrorCode.BAD_PAYLOAD, "register_kv_cache: empty KV cache list")
         self._check_worker_room(instance_id, "register_kv_cache")
+        self._check_registration(instance_id, model_name, "register_kv_cache")
         kv_layout = _declared_layout(layout_hints)
         context, events = self._map_kv_cache(kv_cache, layout_hints)
         try:
+            self._check_segments_free(context, "register_kv_cache")
             _context_honors(kv_layout, context)
             layout = context.layout
             self._check_fits_l1(layout, "register_kv_cache")
@@ -148,6 +150,7 @@ class LMCacheDrivenOps(WorkerRegistry):
         self, key: IPCCacheServerKey, instance_id: int, block_ids: list[list[int]], handle: bytes
     ) -> tuple[bytes, bool]:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "store")
+        key = self._admit_key(key, True, "store")
         worker = self._worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
         spans = self._plan(key, worker)
         ids = self._block_ids(key, block_ids, worker.layout)
@@ -189,6 +192,7 @@ class LMCacheDrivenOps(WorkerRegistry):
         skip_first_n_tokens: int = 0,
     ) -> tuple[bytes, bool]:
         self._require_mode(MPTransferMode.LMCACHE_DRIVEN, "retrieve")
+        key = self._admit_key(key, False, "retrieve")
         worker = self._worker(instance_id, MPTransferMode.LMCACHE_DRIVEN)
         spans = self._plan(key, worker)
         ids = self._block_ids(key, block_ids, worker.layout)

@@ -27,6 +27,7 @@ class LookupOps(ServerCore):
     """``lookup``, the prefetch-status queries and the end of a lookup session."""
 
     def lookup(self, key: IPCCacheServerKey, tp_size: int) -> None:
+        key = self._admit_key(key, False, "lookup")
         try:
             spans = prefix_chunks(key, self.chunk_size)
         except ValueError as exc:
@@ -49,7 +50,7 @@ class LookupOps(ServerCore):
             self.metrics.add_lookup(hit_tokens, miss_tokens)
         session = LookupSession(hit_tokens, hits, [p for p in pinned if p[1]])
         session.prefetch = self._start_prefetch(key.request_id, per_rank, hits)
-        self._remember_lookup(key.request_id, session)
+        self._remember_lookup(self._session_id(key.request_id), session)
 
     def _start_prefetch(
         self, request_id: str, per_rank: list[list[Any]], hits: int
@@ -92,7 +93,7 @@ class LookupOps(ServerCore):
 
     def _session(self, request_id: str) -> LookupSession | None:
         with self._lookups_lock:
-            return self._lookups.get(request_id)
+            return self._lookups.get(self._session_id(request_id))
 
     def query_prefetch_status(self, request_id: str) -> int | None:
         """Hit **chunks** of the lookup (upstream's unit: its scheduler multiplies by the
@@ -131,13 +132,13 @@ class LookupOps(ServerCore):
 
     def free_lookup_locks(self, key: IPCCacheServerKey, tp_size: int) -> None:
         with self._lookups_lock:
-            session = self._lookups.get(key.request_id)
+            session = self._lookups.get(self._session_id(key.request_id))
         if session is not None:
             self._unpin(session)
 
     def end_session(self, request_id: str) -> None:
         with self._lookups_lock:
-            session = self._lookups.pop(request_id, None)
+            session = self._lookups.pop(self._session_id(request_id), None)
         if session is not None:
             self._unpin(session)
 

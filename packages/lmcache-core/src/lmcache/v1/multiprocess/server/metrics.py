@@ -35,6 +35,8 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
+# ZAP mechanisms, and "handshake": a connection that failed before ZAP was asked.
+_AUTH_MECHANISMS = frozenset({"CURVE", "NULL", "PLAIN", "GSSAPI", "handshake"})
 _DISK_LOGGER = "lmcache.v1.storage_backend.local_disk_backend"
 
 TOP_SALTS = 10
@@ -93,6 +95,26 @@ class ServerMetrics:
             ["result"],
             registry=self.registry,
         )
+        # Labels are bounded: mechanisms are a fixed set, tenants come from --tenants-file.
+        self._auth_refused = Counter(
+            f"{PREFIX}_auth_refused",
+            "Connections refused on the CURVE RPC port: by ZAP (its mechanism) or in the "
+            "handshake (handshake).",
+            ["mechanism"],
+            registry=self.registry,
+        )
+        self._tenant_requests = Counter(
+            f"{PREFIX}_tenant_requests",
+            "Requests of each tenant (--tenants-file), by outcome (ok or the error code).",
+            ["tenant", "outcome"],
+            registry=self.registry,
+        )
+        self._tenant_bytes = Counter(
+            f"{PREFIX}_tenant_bytes",
+            "KV bytes each tenant stored or retrieved.",
+            ["tenant", "direction"],
+            registry=self.registry,
+        )
         self._lookup_hit = self._lookup_tokens.labels("hit")
         self._lookup_miss = self._lookup_tokens.labels("miss")
         self._children: dict[tuple[str, ...], Any] = {}
@@ -124,6 +146,20 @@ class ServerMetrics:
         self._child(
             ("r", operation, outcome), lambda: self._requests.labels(operation, outcome)
         ).inc()
+
+    def count_auth_refused(self, mechanism: str) -> None:
+        label = mechanism if mechanism in _AUTH_MECHANISMS else "other"
+        self._child(("a", label), lambda: self._auth_refused.labels(label)).inc()
+
+    def observe_tenant(self, tenant: str, outcome: str) -> None:
+        self._child(
+            ("t", tenant, outcome), lambda: self._tenant_requests.labels(tenant, outcome)
+        ).inc()
+
+    def add_tenant_bytes(self, tenant: str, direction: str, nbytes: int) -> None:
+        self._child(
+            ("tb", tenant, direction), lambda: self._tenant_bytes.labels(tenant, direction)
+        ).inc(nbytes)
 
     def add_stored(self, mode: str, sub_path: str, nbytes: int) -> None:
         self._child(("s", mode, sub_path), lambda: self._stored.labels(mode, sub_path)).inc(nbytes)

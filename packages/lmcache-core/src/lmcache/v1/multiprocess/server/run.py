@@ -150,8 +150,21 @@ def start_frontends(config: MPServerConfig, server: MPServer) -> list[Any]:
     metrics = server.engine.metrics
     if config.prometheus_port and metrics is not None:
         try:
+            security = server.engine.settings.http
+            if security.read_token is not None:
+                logger.warning(
+                    "--prometheus-port %d serves /metrics without the HTTP read token; scrape "
+                    "/metrics on the HTTP frontend instead, or pass --prometheus-port 0",
+                    config.prometheus_port,
+                )
             frontends.append(
-                PrometheusEndpoint(metrics.registry, config.http_host, config.prometheus_port)
+                PrometheusEndpoint(
+                    metrics.registry,
+                    config.http_host,
+                    config.prometheus_port,
+                    security.tls_certfile,
+                    security.tls_keyfile,
+                )
             )
         except OSError as exc:
             logger.error(

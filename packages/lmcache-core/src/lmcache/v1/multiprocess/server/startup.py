@@ -19,8 +19,19 @@ import torch
 
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
+from lmcache.v1.multiprocess.server.tenants import (
+    check_tenant_quotas_policy,
+    quota_registrations,
+    register_quotas,
+    tenants_from_flags,
+)
 from lmcache.v1.multiprocess.server_config import MPServerConfig
-from lmcache.v1.multiprocess.wire.security import admin_policy, check_run_script_exposure
+from lmcache.v1.multiprocess.wire.curve import server_keys_from_files
+from lmcache.v1.multiprocess.wire.security import (
+    admin_policy,
+    check_run_script_exposure,
+    http_security,
+)
 from lmcache.v1.storage_backend.abstract_backend import StorageBackendInterface
 from lmcache.v1.storage_backend.disk_folder import inspect_disk_folder
 from lmcache.v1.storage_backend.redis.connection import RedisUnavailableError
@@ -71,6 +82,12 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
     check_run_script_exposure(
         config.run_script_api_enabled, config.http_host, config.http_port, admin
     )
+    curve = server_keys_from_files(config.curve_secret_key_file, config.authorized_keys)
+    tenants = tenants_from_flags(config.tenants_file, None if curve is None else curve.authorized)
+    check_tenant_quotas_policy(tenants, config.eviction_policy)
+    http = http_security(
+        config.http_tls_certfile, config.http_tls_keyfile, config.http_read_token_file
+    )
     tiers = config.tier_settings()  # every tier input checked; nothing allocated yet
     engine_config = tiers.config
     disk_path = engine_config.local_disk if tiers.disk_enabled else None
@@ -94,6 +111,8 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             engine_config, backends=backends, store_policy=config.l2_store_policy
         )
         _prefault(storage)
+        if register_quotas(tenants, storage.quota_manager):
+            logger.info("tenant quotas registered: %s", dict(quota_registrations(tenants)))
         settings = CacheServerSettings(
             chunk_size=config.chunk_size,
             supported_transfer_mode=config.supported_transfer_mode,
@@ -107,6 +126,9 @@ def build_cache_server(config: MPServerConfig) -> MPCacheServer:
             instance_id=config.instance_id,
             admin=admin,
             kv_event_log_size=config.kv_event_log_size,
+            curve=curve,
+            tenants=tenants,
+            http=http,
         )
         return MPCacheServer(
             settings,

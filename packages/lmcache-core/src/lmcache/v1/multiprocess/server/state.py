@@ -32,11 +32,13 @@ from lmcache.v1.multiprocess.server.metrics import ServerMetrics
 from lmcache.v1.multiprocess.server.pending import PendingTransfers
 from lmcache.v1.multiprocess.server.prefetch import DEFAULT_MAX_IN_FLIGHT, Prefetcher, PrefetchJob
 from lmcache.v1.multiprocess.server.rate_limited_logs import RefusalLog
+from lmcache.v1.multiprocess.server.tenants import Tenant, TenantTable, current_tenant
 from lmcache.v1.multiprocess.server.tiers import EvictionCounter, install_eviction_counters
 from lmcache.v1.multiprocess.wire.chunking import ChunkSpan, plan_chunks, range_block_ids
+from lmcache.v1.multiprocess.wire.curve import CurveServerKeys
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ServerStats
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
-from lmcache.v1.multiprocess.wire.security import AdminPolicy
+from lmcache.v1.multiprocess.wire.security import AdminPolicy, HTTPSecurity
 from lmcache.v1.platform import get_device_spec
 from lmcache.v1.platform.base.cache_context import BaseCacheContext
 from lmcache.v1.platform.base.event_ipc import EventIPCBackend
@@ -79,6 +81,12 @@ class CacheServerSettings:
     admin: AdminPolicy = dataclasses.field(default_factory=AdminPolicy)
     # KV-event records kept per model (--kv-event-log-size); 0 turns the events off.
     kv_event_log_size: int = DEFAULT_KV_EVENT_LOG_SIZE
+    # CurveZMQ keys of the RPC port (--curve-secret-key-file, --authorized-keys); None: open.
+    curve: CurveServerKeys | None = None
+    # Tenants bound to those keys (--tenants-file); None: every admitted peer may do all.
+    tenants: TenantTable | None = None
+    # TLS and the read-route token of the HTTP listeners (--http-tls-*, --http-read-token-file).
+    http: HTTPSecurity = dataclasses.field(default_factory=HTTPSecurity)
 
 
 @dataclasses.dataclass
@@ -93,6 +101,7 @@ class Worker:
     events: EventIPCBackend | None = None  # its device's event backend (LMCache-driven)
     inline: bool = False  # engine-driven sub-path
     inline_declared: bool = False  # the worker said it speaks inline (not upstream's pickle)
+    tenant: str | None = None  # the tenant that registered it (--tenants-file)
     last_seen: float = dataclasses.field(default_factory=time.monotonic)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -154,6 +163,7 @@ class ServerCore:
         self.started_at = time.time()
         self._evictions: dict[str, EvictionCounter] = install_eviction_counters(storage)
         self._refusals = RefusalLog()
+        self._tenant_refusals = RefusalLog(subject="tenant request")
         self.kv_events = KVEventLog(settings.kv_event_log_size)
         if self.kv_events.enabled:
             storage.local_cpu_backend.add_residency_listener(self.kv_events.on_l1_change)
@@ -169,6 +179,40 @@ class ServerCore:
         with self._stats_lock:
             for name, delta in deltas.items():
                 setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    # -- tenants (see .tenants): every check is decided before storage is consulted --------
+
+    def _forbid(self, tenant: Tenant, operation: str, what: str) -> ProtocolError:
+        self._tenant_refusals.note(operation, f"tenant {tenant.name}: {what}")
+        # The transport names the operation in the reply already.
+        return ProtocolError(ErrorCode.FORBIDDEN, f"tenant {tenant.name!r} may not {what}")
+
+    def _check_model(self, model_name: str, operation: str) -> None:
+        tenant = current_tenant()
+        if tenant is not None and not tenant.may_use_model(model_name):
+            raise self._forbid(tenant, operation, f"use model {model_name!r}")
+
+    def _admit_key(self, key: IPCCacheServerKey, write: bool, operation: str) -> IPCCacheServerKey:
+        """``key`` as the calling tenant may use it: its model must be the tenant's, its
+        salt one the tenant owns (``write``) or may read; a key without a salt gets the
+        tenant's default salt.  Unchanged without tenants."""
+        tenant = current_tenant()
+        if tenant is None:
+            return key
+        self._check_model(key.model_name, operation)
+        salt = tenant.salt_for(key.cache_salt)
+        if not (tenant.owns(salt) if write else tenant.may_read(salt)):
+            raise self._forbid(tenant, operation, f"{'write' if write else 'read'} salt {salt!r}")
+        return key if salt == key.cache_salt else dataclasses.replace(key, cache_salt=salt)
+
+    def _owns_worker(self, worker: Worker) -> bool:
+        tenant = current_tenant()
+        return tenant is None or worker.tenant == tenant.name
+
+    def _session_id(self, request_id: str) -> str:
+        """Lookup sessions are per tenant: another tenant's request id names nothing."""
+        tenant = current_tenant()
+        return request_id if tenant is None else f"{tenant.name}\x00{request_id}"
 
     def _require_mode(self, mode: MPTransferMode, operation: str) -> None:
         supported = self.settings.supported_transfer_mode
@@ -282,6 +326,8 @@ class ServerCore:
         if self.metrics is not None:
             nbytes = tokens * worker.layout.bytes_per_token()
             self.metrics.add_stored(worker.mode.value, sub_path, nbytes)
+            if worker.tenant is not None:
+                self.metrics.add_tenant_bytes(worker.tenant, "stored", nbytes)
 
     def _count_retrieved(self, spans: Sequence[ChunkSpan], worker: Worker, sub_path: str) -> None:
         tokens = sum(s.num_tokens for s in spans)
@@ -289,6 +335,8 @@ class ServerCore:
         if self.metrics is not None:
             nbytes = tokens * worker.layout.bytes_per_token()
             self.metrics.add_retrieved(worker.mode.value, sub_path, nbytes)
+            if worker.tenant is not None:
+                self.metrics.add_tenant_bytes(worker.tenant, "retrieved", nbytes)
 
     def _get_all(self, keys: list[Any]) -> list[MemoryObj] | None:
         # Chunks still on their way into L1 are waited for (only these); a failed or

@@ -38,8 +38,10 @@ import zmq
 from lmcache.v1.multiprocess.affinity_pool import AffinityThreadPool
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.rate_limited_logs import RateLimitedErrorLog, RefusalLog
+from lmcache.v1.multiprocess.server.tenants import Tenant, calling_as
 from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.curve import HandshakeMonitor, ZapHandler, peer_key
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, Pool, ProtocolError
 from lmcache.v1.multiprocess.wire.security import rpc_reach, warn_if_exposed
 
@@ -57,6 +59,10 @@ _MAX_ECHOED_UID_BYTES = 16
 # Requests queued or running in the handler pools; beyond it the loop stops reading new
 # ones (ZeroMQ holds them, pushing back on senders) so a flood cannot grow memory unbounded.
 MAX_IN_FLIGHT = 1024
+
+
+# identity, uid frame, operation frame, operation, the caller's tenant (None: no tenants).
+Head = tuple[bytes, bytes, bytes, str, Tenant | None]
 
 
 class FramedRequest(NamedTuple):
@@ -149,10 +155,13 @@ class MPServer:
         # The transport drops (and disconnects) anything far beyond the limit; between the
         # limit and this cap the request is answered with message_too_large.
         self._router.setsockopt(zmq.MAXMSGSIZE, 2 * config.max_message_bytes)
+        self._handshakes: HandshakeMonitor | None = None
+        self._zap = self._start_curve(engine)
         self._router.bind(self.endpoint)
-        warn_if_exposed(
-            "the ZMQ RPC port", config.host, config.port, rpc_reach(engine.settings.admin)
-        )
+        if self._zap is None:
+            warn_if_exposed(
+                "the ZMQ RPC port", config.host, config.port, rpc_reach(engine.settings.admin)
+            )
         self._reply_endpoint = f"inproc://lmcache-replies-{id(self)}"
         self._replies = self._ctx.socket(zmq.PULL)
         self._replies.bind(self._reply_endpoint)
@@ -178,6 +187,28 @@ class MPServer:
         self._errors = RateLimitedErrorLog(logger)
         self.http_url: str | None = None
         self._handlers = bind_handlers(engine)
+
+    def _start_curve(self, engine: MPCacheServer) -> ZapHandler | None:
+        """With CURVE keys: the ZAP handler (bound before the ROUTER, so no connection is
+        ever admitted unchecked) and the ROUTER's CURVE server options."""
+        keys = engine.settings.curve
+        if keys is None:
+            return None
+        metrics = engine.metrics
+        zap = ZapHandler(
+            self._ctx,
+            keys.authorized,
+            on_refusal=None if metrics is None else metrics.count_auth_refused,
+        )
+        keys.apply(self._router)
+        self._handshakes = HandshakeMonitor(
+            self._router,
+            on_failure=None if metrics is None else lambda: metrics.count_auth_refused("handshake"),
+        )
+        logger.info(
+            "CURVE on the RPC port: encrypted, %d authorized client key(s)", len(keys.authorized)
+        )
+        return zap
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -245,7 +276,12 @@ class MPServer:
                 for sock in self._push_sockets:
                     sock.close(linger=0)
             self._replies.close(linger=0)
+            if self._handshakes is not None:
+                self._router.disable_monitor()
+                self._handshakes.close()
             self._router.close(linger=0)
+            if self._zap is not None:
+                self._zap.close()
             self._ctx.term()
         logger.info("LMCache MP server stopped")
 
@@ -288,6 +324,7 @@ class MPServer:
             operation = request.operation
             if self._stop.is_set():
                 raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            tenant = self._tenant_of(frames[0])
             reserved = self._reserve(request.size, operation)
             spec, payloads = decode_request(request)
         except ProtocolError as exc:
@@ -298,7 +335,7 @@ class MPServer:
             self._release(reserved)
             raise
         handler = self._handlers[operation]
-        head = (identity, uid_frame, request.op_frame, operation)
+        head = (identity, uid_frame, request.op_frame, operation, tenant)
         if spec.pool is Pool.INLINE:
             try:
                 self._send(self._run(head, handler, payloads))
@@ -306,6 +343,17 @@ class MPServer:
                 self._release(reserved)
         else:
             self._submit(head, handler, payloads, spec.pool is Pool.AFFINITY, reserved)
+
+    def _tenant_of(self, identity_frame: zmq.Frame) -> Tenant | None:
+        """The tenant of the key ZAP admitted for this connection (None without tenants).
+        With tenants, ZAP admits only keys that have one, so it is never missing."""
+        tenants = self.engine.settings.tenants
+        if tenants is None:
+            return None
+        tenant = tenants.for_key(peer_key(identity_frame))
+        if tenant is None:  # unreachable while ZAP and the tenants file agree
+            raise ProtocolError(ErrorCode.FORBIDDEN, "this connection's key has no tenant")
+        return tenant
 
     def _reserve(self, size: int, operation: str) -> int:
         """Count ``size`` bytes in flight until the request is answered (the bytes to give
@@ -347,7 +395,7 @@ class MPServer:
 
     def _submit(
         self,
-        head: tuple[bytes, bytes, bytes, str],
+        head: Head,
         handler: Callable[..., Any],
         payloads: list[Any],
         affinity: bool,
@@ -380,18 +428,21 @@ class MPServer:
 
     def _run(
         self,
-        head: tuple[bytes, bytes, bytes, str],
+        head: Head,
         handler: Callable[..., Any],
         payloads: list[Any],
     ) -> list[Any]:
-        identity, uid_frame, op_frame, operation = head
+        identity, uid_frame, op_frame, operation, tenant = head
         metrics = self.engine.metrics
         start = time.perf_counter() if metrics is not None else 0.0
         try:
-            response = handler(*payloads)
+            with calling_as(tenant):
+                response = handler(*payloads)
             reply = [identity, *protocol.encode_success(uid_frame, op_frame, response)]
             if metrics is not None:
                 metrics.observe_request(operation, "ok", time.perf_counter() - start)
+                if tenant is not None:
+                    metrics.observe_tenant(tenant.name, "ok")
             return reply
         except ProtocolError as exc:
             code, message = exc.code, exc.message
@@ -402,13 +453,15 @@ class MPServer:
         try:
             if metrics is not None:
                 metrics.observe_request(operation, code.value, time.perf_counter() - start)
+                if tenant is not None:
+                    metrics.observe_tenant(tenant.name, code.value)
         except Exception as exc:
             self._errors.exception("metrics", exc)
         return [identity, *protocol.encode_error(uid_frame, code, message, operation)]
 
     def _run_and_push(
         self,
-        head: tuple[bytes, bytes, bytes, str],
+        head: Head,
         handler: Callable[..., Any],
         payloads: list[Any],
         reserved: int,

@@ -11,6 +11,7 @@ import logging
 import time
 
 from lmcache.v1.multiprocess.server.state import ServerCore, Worker
+from lmcache.v1.multiprocess.server.tenants import current_tenant
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
@@ -25,7 +26,8 @@ class WorkerRegistry(ServerCore):
     def _worker(self, instance_id: int, mode: MPTransferMode) -> Worker:
         with self._workers_lock:
             worker = self._workers.get(instance_id)
-        if worker is None or worker.mode is not mode:
+        # Another tenant's worker reads exactly like no worker: ids reveal nothing.
+        if worker is None or worker.mode is not mode or not self._owns_worker(worker):
             raise ProtocolError(
                 ErrorCode.UNKNOWN_WORKER,
                 f"no {mode.value} KV cache is registered for instance id {instance_id} "
@@ -48,17 +50,52 @@ class WorkerRegistry(ServerCore):
                 f"unregister idle ones (or wait for the reaper) before registering more",
             )
 
-    def _replace_worker(self, instance_id: int, worker: Worker) -> None:
+    def _check_registration(self, instance_id: int, model_name: str, operation: str) -> None:
+        """Before anything is mapped: the tenant's model, and no other tenant's id."""
+        self._check_model(model_name, operation)
+        tenant = current_tenant()
         with self._workers_lock:
-            old = self._workers.pop(instance_id, None)
-            self._workers[instance_id] = worker
+            old = self._workers.get(instance_id)
+        if tenant is not None and old is not None and old.tenant != tenant.name:
+            raise self._forbid(tenant, operation, f"take over instance id {instance_id}")
+
+    def _check_segments_free(self, context: object, operation: str) -> None:
+        """With tenants: a KV cache whose shared memory another tenant's live worker
+        registered is refused (through the server it would read or overwrite those pages).
+        Segments of no live registration prove nothing either way (docs/operations.md)."""
+        tenant = current_tenant()
+        names = set(getattr(context, "shm_names", None) or [])
+        if tenant is None or not names:
+            return
+        with self._workers_lock:
+            others = [w for w in self._workers.values() if w.tenant != tenant.name]
+        for other in others:
+            if names & set(getattr(other.context, "shm_names", None) or []):
+                raise self._forbid(tenant, operation, "register another tenant's KV memory")
+
+    def _replace_worker(self, instance_id: int, worker: Worker) -> None:
+        tenant = current_tenant()
+        worker.tenant = None if tenant is None else tenant.name
+        with self._workers_lock:
+            old = self._workers.get(instance_id)
+            if old is not None and not self._owns_worker(old):
+                taken = True
+            else:
+                taken = False
+                self._workers.pop(instance_id, None)
+                self._workers[instance_id] = worker
+        if taken:  # registered by another tenant meanwhile
+            assert tenant is not None
+            if worker.context is not None:
+                worker.context.close()
+            raise self._forbid(tenant, "register", f"take over instance id {instance_id}")
         if old is not None:
             self._release_worker(instance_id, old, unlink=False)
 
     def _drop_worker(self, instance_id: int, mode: MPTransferMode, unlink: bool = False) -> bool:
         with self._workers_lock:
             worker = self._workers.get(instance_id)
-            if worker is None or worker.mode is not mode:
+            if worker is None or worker.mode is not mode or not self._owns_worker(worker):
                 return False
             del self._workers[instance_id]
         self._release_worker(instance_id, worker, unlink)
@@ -80,7 +117,7 @@ class WorkerRegistry(ServerCore):
             return True
         with self._workers_lock:
             worker = self._workers.get(instance_id)
-        if worker is None:
+        if worker is None or not self._owns_worker(worker):
             return False
         worker.last_seen = time.monotonic()
         return True

@@ -73,14 +73,59 @@ def validate_admin_token(token: str, source: str) -> str:
     return token
 
 
-def _read_token_file(path: str) -> str:
+def _read_token_file(path: str, flag: str = "--admin-token-file") -> str:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise AdminTokenError(f"--admin-token-file {path}: cannot read it ({reason})") from None
+        raise AdminTokenError(f"{flag} {path}: cannot read it ({reason})") from None
     # A Secret mounted from `kubectl create secret --from-file` often ends with a newline.
     return text.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class HTTPSecurity:
+    """TLS for the HTTP listeners and the bearer token of the HTTP read routes."""
+
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    read_token: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certfile is not None
+
+    def check_read_token(self, presented: str | None) -> TokenCheck:
+        """``OK`` without a read token, or when ``presented`` is it."""
+        return AdminPolicy(token=self.read_token).check_token(presented)
+
+
+def http_security(
+    tls_certfile: str | None, tls_keyfile: str | None, read_token_file: str | None
+) -> HTTPSecurity:
+    """The flags checked (certificate and key load, the token file reads); raises
+    ``ValueError`` naming the flag, before anything binds."""
+    if bool(tls_certfile) != bool(tls_keyfile):
+        raise ValueError("give --http-tls-certfile and --http-tls-keyfile together")
+    if tls_certfile and tls_keyfile:
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                tls_certfile, tls_keyfile
+            )
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"--http-tls-certfile {tls_certfile} / --http-tls-keyfile {tls_keyfile}: "
+                f"cannot load them ({exc})"
+            ) from None
+    token = None
+    if read_token_file:
+        token = validate_admin_token(
+            _read_token_file(read_token_file, "--http-read-token-file"),
+            f"--http-read-token-file {read_token_file}",
+        )
+    return HTTPSecurity(tls_certfile or None, tls_keyfile or None, token)
 
 
 def resolve_admin_token(
@@ -186,7 +231,10 @@ def check_run_script_exposure(
 
 def rpc_reach(policy: AdminPolicy) -> str:
     """What a peer on the ZMQ RPC port may do, for :func:`warn_if_exposed`."""
-    reach = "store and read KV cache chunks and unregister workers"
+    reach = (
+        "store and read KV cache chunks and unregister workers, in clear text "
+        "(no --curve-secret-key-file / --authorized-keys)"
+    )
     if policy.wire_enabled and policy.token is None:
         reach += ", and wipe the whole cache (--enable-admin-ops without an admin token)"
     return reach

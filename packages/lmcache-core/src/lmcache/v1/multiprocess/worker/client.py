@@ -22,6 +22,7 @@ import msgspec
 import zmq
 
 from lmcache.v1.multiprocess.wire import protocol
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.wire.custom_types import (
     IPCCacheServerKey,
     PrefetchProgress,
@@ -112,8 +113,12 @@ class MPClient:
         context: zmq.Context[Any] | None = None,
         handshake: bool = True,
         admin_token: str | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> None:
+        """``curve``: the keys for a server with ``--curve-secret-key-file`` (the wire is
+        then encrypted); a keyed server never answers a client without an authorized key."""
         self.url = normalize_url(url)
+        self.curve = curve
         # Presented only with admin operations (clear); default: $LMCACHE_ADMIN_TOKEN.
         self._admin_token = admin_token
         self.timeout = timeout
@@ -123,6 +128,8 @@ class MPClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.CONNECT_TIMEOUT, 5000)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if curve is not None:
+            curve.apply(self._sock)
         self._sock.connect(self.url)
         # A client dropped without close(): garbage collection would finalize the context
         # first (a cycle clears the weak socket list) and its term() would then block
@@ -169,6 +176,16 @@ class MPClient:
             self._decode_reply(frames, "protocol_handshake", tuple[int, bool])
             self._await_reply((noop_uid,), "noop", wait_s)
             return False
+
+    def _keys_hint(self) -> str:
+        # A CURVE server never answers a client it does not admit, so silence is also
+        # what a key mismatch looks like.
+        if self.curve is None:
+            return " A server with CURVE keys answers only clients with an authorized key."
+        return (
+            " This client uses CURVE keys: is its public key in the server's "
+            "--authorized-keys, and is the server key the server's own?"
+        )
 
     def _reply_type_and_wait(self, operation: str, timeout: float | None) -> tuple[Any, float]:
         """The operation's response type (``Any`` if unknown) and the wait to apply."""
@@ -263,6 +280,7 @@ class MPClient:
                 raise ServerUnavailableError(
                     f"no reply to {operation} from the LMCache server at {self.url} within "
                     f"{wait_s:.1f}s: is `lmcache server` running there (and reachable)?"
+                    + self._keys_hint()
                 )
             frames: list[Any] = self._sock.recv_multipart(0, copy)
             try:

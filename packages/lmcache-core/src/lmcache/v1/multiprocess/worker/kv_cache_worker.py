@@ -29,6 +29,7 @@ from lmcache.v1.multiprocess.transfer_context.worker_transfer import (
     create_transfer_context,
 )
 from lmcache.v1.multiprocess.wire.chunking import hit_chunks_to_tokens
+from lmcache.v1.multiprocess.wire.curve import CurveClientKeys, client_keys_from_files
 from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ServerStats
 from lmcache.v1.multiprocess.worker.client import DEFAULT_URL, MPClient
 from lmcache.v1.platform.transfer_mode import MPTransferMode
@@ -66,14 +67,24 @@ class KVCacheWorker:
         timeout: float = 30.0,
         connect_timeout: float = 5.0,
         heartbeat_interval: float = 10.0,
+        curve_secret_key_file: str | None = None,
+        curve_server_key_file: str | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> None:
+        """``curve_secret_key_file`` (this client's ``NAME.key_secret``) and
+        ``curve_server_key_file`` (the server's public ``.key``), or ``curve`` (the keys
+        already loaded): for a server with ``--curve-secret-key-file``."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in world size {world_size}")
         self.model_name = model_name
         self.world_size = world_size
         self.rank = rank
         self.instance_id = new_instance_id() if instance_id is None else instance_id
-        self.client = MPClient(server_url, timeout, connect_timeout=connect_timeout)
+        if curve is None:
+            curve = client_keys_from_files(
+                curve_secret_key_file, curve_server_key_file, "KVCacheWorker"
+            )
+        self.client = MPClient(server_url, timeout, connect_timeout=connect_timeout, curve=curve)
         self.context: TransferContext | None = None
         self._stop = threading.Event()
         # Held by transfers and by a re-registration, which swaps the server's pool mapping.
