@@ -21,9 +21,10 @@ import argparse
 import os
 import subprocess
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

@@ -26,8 +26,10 @@ from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
 __all__ = [
     "HONORED_KV_LAYOUTS",
     "KVLayout",
+    "as_layer_views",
     "as_nhd_view",
     "declared_kv_layout",
+    "declared_kv_list_layout",
     "dtype_from_name",
     "dtype_name",
 ]
@@ -45,6 +47,50 @@ def declared_kv_layout(layout_hints: object) -> str | None:
     if kv_layout is not None and not isinstance(kv_layout, str):
         raise TypeError(f"layout_hints kv_layout must be a string, got {type(kv_layout).__name__}")
     return kv_layout
+
+
+# Upstream's ``LayoutHints["kv_list_layout"]``: "unified" is SGLang's flat tensor list, one
+# tensor per K or V plane of a layer (``[NB, BS, NH, HS]`` or ``[NB, BS, HS]``), all K
+# planes first; "" / None / "per_layer" is one tensor per layer (vLLM).
+UNIFIED_KV_LIST = "unified"
+HONORED_KV_LIST_LAYOUTS = frozenset({UNIFIED_KV_LIST, "per_layer"})
+
+
+def declared_kv_list_layout(layout_hints: object) -> str | None:
+    """The ``kv_list_layout`` a worker declared in ``layout_hints``, if any."""
+    if not isinstance(layout_hints, dict):
+        return None
+    list_layout = layout_hints.get("kv_list_layout")
+    if list_layout is None:
+        return None
+    if not isinstance(list_layout, str) or list_layout not in HONORED_KV_LIST_LAYOUTS:
+        raise ValueError(
+            f"layout_hints kv_list_layout {list_layout!r} is not supported; supported: "
+            f"{sorted(HONORED_KV_LIST_LAYOUTS)}"
+        )
+    return list_layout
+
+
+def as_layer_views(tensors: Sequence[torch.Tensor], layout_hints: object) -> list[torch.Tensor]:
+    """The engine's KV tensors seen as the per-layer tensors the block transfer takes.
+
+    With ``kv_list_layout="unified"`` each plane becomes one single-plane layer
+    ``[NB, BS, NH*HS]`` (a view: heads flattened, no copy), so a chunk object is
+    ``[1, 2*NL, T, NH*HS]`` with every K plane before every V plane: the same bytes, in
+    the same order, as the ``[2, NL, T, NH*HS]`` object of a per-layer engine.
+    """
+    if declared_kv_list_layout(layout_hints) == UNIFIED_KV_LIST:
+        views = []
+        for tensor in tensors:
+            if tensor.dim() not in (3, 4):
+                raise ValueError(
+                    f"a unified KV list holds [NB, BS, NH, HS] or [NB, BS, HS] planes, got "
+                    f"shape {tuple(tensor.shape)}"
+                )
+            views.append(tensor if tensor.dim() == 3 else tensor.flatten(2))
+        return views
+    kv_layout = declared_kv_layout(layout_hints)
+    return [as_nhd_view(t, kv_layout) for t in tensors]
 
 
 def as_nhd_view(tensor: torch.Tensor, kv_layout: str | None) -> torch.Tensor:
