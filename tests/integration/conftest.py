@@ -1,4 +1,4 @@
-"""Shared fixtures of the connector tests that need a real server but no vLLM."""
+"""Shared fixtures of the connector tests (vLLM, SGLang) that need a real server but no engine."""
 
 from __future__ import annotations
 

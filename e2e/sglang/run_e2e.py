@@ -1,0 +1,292 @@
+"""SGLang ``--enable-lmcache`` against a real ``lmcache server``, end to end on CPU.
+
+Run with the SGLang environment's interpreter (``e2e/sglang/install.py``); the stubs on
+``PYTHONPATH`` are set for the SGLang processes by this script.  Four SGLang starts, one
+model load each:
+
+1. SGLang without LMCache: the reference greedy outputs;
+2. SGLang A with LMCache: stores every prompt (outputs identical to the reference), one
+   prompt under tenant salt "alice";
+3. A killed and started again (A2): the prompt is served from LMCache (SGLang reports
+   ``cached_tokens_details.storage`` and our server's Prometheus hit counter grows), output
+   identical; tenant "bob" misses alice's prompt, alice hits it;
+4. a second instance B beside A2: hits a prefix only A2 stored;
+5. the ``lmcache server`` is killed: A2 and B still answer every request (misses), outputs
+   identical, in bounded time.
+
+SGLang leaves ``/dev/shm/sglang_loads_*`` behind when it is killed; the files this run
+created are removed at the end.  Prints one ``N passed, N failed`` line; exit 1 on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "vllm"))
+sys.path.insert(0, str(HERE))
+
+import tiny_model  # noqa: E402  (e2e/vllm: the seeded tiny Llama)
+from e2e_common import free_port, start_server, stop_server  # noqa: E402
+from install import sglang_env  # noqa: E402
+
+CHUNK = 64  # the server's chunk size (e2e_common.start_server)
+PAGE = 16
+SHM = Path("/dev/shm")
+_WORDS = [
+    "a",
+    "cache",
+    "stores",
+    "key",
+    "value",
+    "tensors",
+    "so",
+    "that",
+    "a",
+    "prefix",
+    "is",
+    "computed",
+    "only",
+    "once",
+    "the",
+    "server",
+    "keeps",
+    "chunks",
+    "of",
+    "the",
+    "kv",
+    "cache",
+    "in",
+    "host",
+    "memory",
+    "and",
+    "returns",
+    "them",
+    "on",
+    "a",
+    "hit",
+]
+
+
+def prompt(seed: int, words: int = 200) -> str:
+    """A prompt of tokenizer words (several chunks), different for every seed."""
+    rotated = _WORDS[seed % len(_WORDS) :] + _WORDS[: seed % len(_WORDS)]
+    return " ".join((rotated * (words // len(rotated) + 1))[:words])
+
+
+P_STORE, P_TENANT, P_SHARED, P_OUTAGE = prompt(0), prompt(3), prompt(7), prompt(11)
+PROMPTS = [P_STORE, P_TENANT, P_SHARED, P_OUTAGE]
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.passed = 0
+        self.failed: list[str] = []
+
+    def check(self, ok: bool, what: str) -> None:
+        print(f"{'PASS' if ok else 'FAIL'}: {what}", flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append(what)
+
+
+class SGLang:
+    """One ``python -m sglang.launch_server`` (its own process group)."""
+
+    def __init__(self, model: Path, workdir: Path, name: str, lmcache_cfg: Path | None) -> None:
+        self.port = free_port()
+        self.log = workdir / f"sglang-{name}.log"
+        cmd = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", str(model), "--device", "cpu",
+            "--attention-backend", "torch_native", "--max-total-tokens", "4096",
+            "--page-size", str(PAGE), "--host", "127.0.0.1", "--port", str(self.port),
+            "--skip-server-warmup", "--random-seed", "0",
+        ]  # fmt: skip
+        if lmcache_cfg is not None:
+            cmd += ["--enable-lmcache", "--lmcache-config-file", str(lmcache_cfg)]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=sglang_env(),
+                start_new_session=True,
+            )  # fmt: skip
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"SGLang exited early; see {self.log}\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5):
+                    return
+            except OSError:
+                time.sleep(1)
+        self.kill()
+        raise RuntimeError(f"SGLang did not come up in {timeout:.0f} s; see {self.log}")
+
+    def generate(self, text: str, salt: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "text": text,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+        }
+        if salt is not None:
+            body["cache_salt"] = salt
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            answer: dict[str, Any] = json.load(reply)
+        return answer
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def storage_hit(answer: dict[str, Any]) -> int:
+    """Tokens SGLang reports as loaded from its storage backend (LMCache)."""
+    details = answer.get("meta_info", {}).get("cached_tokens_details") or {}
+    return int(details.get("storage", 0) or 0)
+
+
+def metric(http_port: int, name: str, labels: str) -> float:
+    """One sample of the server's Prometheus exposition (0 when absent)."""
+    url = f"http://127.0.0.1:{http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    pattern = re.compile(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", re.M)
+    match = pattern.search(text)
+    return float(match.group(1)) if match else 0.0
+
+
+@contextmanager
+def shm_cleanup() -> Iterator[None]:
+    """Remove the ``/dev/shm/sglang_loads_*`` files SGLang processes of this run leave."""
+    before = set(SHM.glob("sglang_loads_*"))
+    try:
+        yield
+    finally:
+        for path in set(SHM.glob("sglang_loads_*")) - before:
+            path.unlink(missing_ok=True)
+
+
+def run(workdir: Path, checks: Checks) -> None:
+    model = tiny_model.build(workdir / "tiny-llama")
+    started = time.monotonic()
+
+    def log(what: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {what}", flush=True)
+
+    baseline = SGLang(model, workdir, "baseline", None)
+    try:
+        reference = {p: baseline.generate(p)["text"] for p in PROMPTS}
+    finally:
+        baseline.kill()
+    log("reference outputs from SGLang without LMCache")
+
+    port, http_port = free_port(), free_port()
+    server = start_server(
+        port, "engine_driven", workdir / "lmcache-server.log", "--http-port", str(http_port)
+    )
+    cfg = workdir / "lmcache.yaml"
+    cfg.write_text(
+        f"mp_host: 127.0.0.1\nmp_port: {port}\nextra_config:\n  lmcache.mp.heartbeat_interval: 1\n"
+    )
+    instances: list[SGLang] = []
+    try:
+        a = SGLang(model, workdir, "a", cfg)
+        instances.append(a)
+        first = a.generate(P_STORE)
+        checks.check(first["text"] == reference[P_STORE], "A: output identical to no LMCache")
+        checks.check(storage_hit(first) == 0, "A: first request is a miss")
+        a.generate(P_TENANT, salt="alice")
+        a.kill()
+        log("A stored two prompts and was killed")
+
+        hits_before = metric(http_port, "lmcache_mp_lookup_tokens_total", 'result="hit"')
+        a2 = SGLang(model, workdir, "a2", cfg)
+        instances.append(a2)
+        again = a2.generate(P_STORE)
+        checks.check(
+            storage_hit(again) >= CHUNK, f"A2 (restart): {storage_hit(again)} tokens from LMCache"
+        )
+        checks.check(again["text"] == reference[P_STORE], "A2: output of the hit identical")
+        hits_after = metric(http_port, "lmcache_mp_lookup_tokens_total", 'result="hit"')
+        checks.check(
+            hits_after > hits_before,
+            f"server metrics count the hit ({hits_before:g} -> {hits_after:g} tokens)",
+        )
+        bob = a2.generate(P_TENANT, salt="bob")
+        checks.check(storage_hit(bob) == 0, "tenant bob does not hit alice's prefix")
+        checks.check(bob["text"] == reference[P_TENANT], "bob: output identical")
+        alice = a2.generate(P_TENANT, salt="alice")
+        checks.check(storage_hit(alice) >= CHUNK, "tenant alice hits her own prefix after restart")
+        checks.check(alice["text"] == reference[P_TENANT], "alice: output identical")
+        a2.generate(P_SHARED)
+        log("A2: restart hit, tenants")
+
+        b = SGLang(model, workdir, "b", cfg)
+        instances.append(b)
+        shared = b.generate(P_SHARED)
+        checks.check(storage_hit(shared) >= CHUNK, "B hits the prefix A2 stored")
+        checks.check(shared["text"] == reference[P_SHARED], "B: output identical")
+        log("B: second instance hit")
+
+        stop_server(server)
+        for name, inst in (("A2", a2), ("B", b)):
+            t0 = time.monotonic()
+            answers = [inst.generate(P_OUTAGE), inst.generate(P_STORE)]
+            took = time.monotonic() - t0
+            same = [x["text"] for x in answers] == [reference[P_OUTAGE], reference[P_STORE]]
+            checks.check(same, f"{name} with the server killed: outputs identical ({took:.1f} s)")
+            checks.check(
+                all(storage_hit(x) == 0 for x in answers),
+                f"{name} with the server killed: misses, not errors",
+            )
+            checks.check(took < 90, f"{name} with the server killed answers in bounded time")
+        log("server killed: misses, not errors")
+    finally:
+        for inst in instances:
+            inst.kill()
+        stop_server(server)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    checks = Checks()
+    started = time.monotonic()
+    try:
+        with shm_cleanup():
+            run(args.workdir, checks)
+    except Exception as exc:  # a crash is a failure with its reason, not a traceback only
+        checks.check(False, f"e2e run: {type(exc).__name__}: {exc}")
+    print(f"sglang e2e wall time: {time.monotonic() - started:.0f} s")
+    print(f"{checks.passed} passed, {len(checks.failed)} failed")
+    return 1 if checks.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
