@@ -45,39 +45,11 @@ from install import sglang_env  # noqa: E402
 CHUNK = 64  # the server's chunk size (e2e_common.start_server)
 PAGE = 16
 SHM = Path("/dev/shm")
-_WORDS = [
-    "a",
-    "cache",
-    "stores",
-    "key",
-    "value",
-    "tensors",
-    "so",
-    "that",
-    "a",
-    "prefix",
-    "is",
-    "computed",
-    "only",
-    "once",
-    "the",
-    "server",
-    "keeps",
-    "chunks",
-    "of",
-    "the",
-    "kv",
-    "cache",
-    "in",
-    "host",
-    "memory",
-    "and",
-    "returns",
-    "them",
-    "on",
-    "a",
-    "hit",
-]
+_SENTENCES = (
+    "a cache stores key value tensors so that a prefix is computed only once "
+    "the server keeps chunks of the kv cache in host memory and returns them on a hit"
+)
+_WORDS = _SENTENCES.split(" ")
 
 
 def prompt(seed: int, words: int = 200) -> str:
