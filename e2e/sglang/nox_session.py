@@ -28,11 +28,12 @@ def _recipe() -> Any:
 
 
 def install(session: Any, core_wheel: str | None = None) -> Any:
-    """The SGLang CPU environment in the session's venv; returns the recipe module."""
-    recipe = _recipe()
-    recipe.install(lambda step: session.run_install("python", "-m", "pip", *step), core_wheel)
+    """The SGLang CPU environment in the session's venv, by docs/sglang.md's command
+    (``python e2e/sglang/install.py VENV``); returns the recipe module."""
+    core = ["--core", core_wheel] if core_wheel else []
+    session.run_install("python", str(HERE / "install.py"), session.virtualenv.location, *core)
     session.install(*TEST_TOOLS)
-    return recipe
+    return _recipe()
 
 
 def run(session: Any, core_wheel: str | None = None) -> None:

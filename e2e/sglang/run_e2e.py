@@ -1,8 +1,10 @@
 """SGLang ``--enable-lmcache`` against a real ``lmcache server``, end to end on CPU.
 
 Run with the SGLang environment's interpreter (``e2e/sglang/install.py``); the stubs on
-``PYTHONPATH`` are set for the SGLang processes by this script.  Four SGLang starts, one
-model load each:
+``PYTHONPATH`` are set for the SGLang processes by this script.  The commands are the ones
+of docs/sglang.md (``doc_commands``: server, cfg.yaml, SGLang launch, the ``curl``
+request, the metrics pipeline) with the model, ports and prompts filled in.  Four SGLang
+starts, one model load each:
 
 1. SGLang without LMCache: the reference greedy outputs;
 2. SGLang A with LMCache: stores every prompt (outputs identical to the reference), one
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -38,12 +41,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "vllm"))
 sys.path.insert(0, str(HERE))
 
+import doc_commands  # noqa: E402
 import tiny_model  # noqa: E402  (e2e/vllm: the seeded tiny Llama)
-from e2e_common import free_port, start_server, stop_server  # noqa: E402
-from install import sglang_env  # noqa: E402
+from e2e_common import free_port, stop_server  # noqa: E402
+from install import ROOT, sglang_env  # noqa: E402
 
-CHUNK = 64  # the server's chunk size (e2e_common.start_server)
-PAGE = 16
+DOC = doc_commands.load()
+
+CHUNK = 64  # the server's chunk size (docs/sglang.md's command)
 SHM = Path("/dev/shm")
 _SENTENCES = (
     "a cache stores key value tensors so that a prefix is computed only once "
@@ -81,19 +86,19 @@ class SGLang:
     def __init__(self, model: Path, workdir: Path, name: str, lmcache_cfg: Path | None) -> None:
         self.port = free_port()
         self.log = workdir / f"sglang-{name}.log"
-        cmd = [
-            sys.executable, "-m", "sglang.launch_server",
-            "--model-path", str(model), "--device", "cpu",
-            "--attention-backend", "torch_native", "--max-total-tokens", "4096",
-            "--page-size", str(PAGE), "--host", "127.0.0.1", "--port", str(self.port),
-            "--skip-server-warmup", "--random-seed", "0",
-        ]  # fmt: skip
-        if lmcache_cfg is not None:
-            cmd += ["--enable-lmcache", "--lmcache-config-file", str(lmcache_cfg)]
+        argv = doc_commands.with_option(DOC.sglang, "--model-path", str(model))
+        argv = doc_commands.with_option(argv, "--port", str(self.port))
+        if lmcache_cfg is None:  # the baseline: the same command without LMCache
+            argv = doc_commands.with_option(argv, "--lmcache-config-file", None)
+            argv = doc_commands.without_flag(argv, "--enable-lmcache")
+        else:
+            argv = doc_commands.with_option(argv, "--lmcache-config-file", str(lmcache_cfg))
+        # Test-only: local address, no warm-up request, a fixed seed.
+        argv += ["--host", "127.0.0.1", "--skip-server-warmup", "--random-seed", "0"]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=sglang_env(),
-                start_new_session=True,
+                [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
+                env=doc_env(), start_new_session=True,
             )  # fmt: skip
         self._wait_ready()
 
@@ -111,10 +116,8 @@ class SGLang:
         raise RuntimeError(f"SGLang did not come up in {timeout:.0f} s; see {self.log}")
 
     def generate(self, text: str, salt: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "text": text,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0},
-        }
+        """The doc's request body (its prompt replaced) over HTTP."""
+        body = dict(DOC_BODY, text=text)
         if salt is not None:
             body["cache_salt"] = salt
         request = urllib.request.Request(
@@ -135,20 +138,82 @@ class SGLang:
             self.proc.wait()
 
 
+def _doc_body() -> dict[str, Any]:
+    data = shlex.split(DOC.generate)
+    body: dict[str, Any] = json.loads(data[data.index("-d") + 1])
+    return body
+
+
+DOC_BODY = _doc_body()
+
+
+def doc_env() -> dict[str, str]:
+    """The environment of the doc's SGLang command, its relative paths made absolute."""
+    env = sglang_env()
+    for name, value in DOC.sglang_env.items():
+        if name == "PYTHONPATH":
+            env[name] = os.pathsep.join(
+                [*(str(ROOT / p) for p in value.split(os.pathsep)), env[name]]
+            )
+        else:
+            env[name] = value
+    return env
+
+
+def doc_curl_generate(port: int, text: str) -> dict[str, Any]:
+    """The doc's ``curl`` request itself (port and prompt filled in)."""
+    command = DOC.generate.replace("localhost:30000", f"127.0.0.1:{port}").replace("PROMPT", text)
+    out = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    answer: dict[str, Any] = json.loads(out)
+    return answer
+
+
+def doc_metric_hit_tokens(http_port: int) -> float:
+    """The doc's metrics pipeline; the ``result="hit"`` sample it prints."""
+    command = DOC.metrics.replace("localhost:8080", f"127.0.0.1:{http_port}")
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60).stdout
+    match = re.search(r'^lmcache_mp_lookup_tokens_total\{result="hit"\} (\S+)$', out, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def start_doc_server(port: int, http_port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """The doc's ``lmcache server`` command on free ports; returns once it answers."""
+    from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
+
+    argv = doc_commands.with_option(DOC.server, "--port", str(port))
+    argv = doc_commands.with_option(argv, "--http-port", str(http_port))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmcache.cli.main", *argv, "--host", "127.0.0.1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"lmcache server exited early; see {log_path}")
+        try:
+            with MPClient(f"tcp://127.0.0.1:{port}", timeout=2, connect_timeout=2) as client:
+                client.ping()
+            return proc
+        except MPClientError:
+            time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"lmcache server did not come up in 60 s; see {log_path}")
+
+
+def doc_config(port: int) -> str:
+    """The doc's cfg.yaml on ``port``, with a 1 s heartbeat (a killed server is noticed
+    at once)."""
+    text = re.sub(r"^mp_port: .*$", f"mp_port: {port}", DOC.config_yaml, flags=re.M)
+    return text + "extra_config:\n  lmcache.mp.heartbeat_interval: 1\n"
+
+
 def storage_hit(answer: dict[str, Any]) -> int:
     """Tokens SGLang reports as loaded from its storage backend (LMCache)."""
     details = answer.get("meta_info", {}).get("cached_tokens_details") or {}
     return int(details.get("storage", 0) or 0)
-
-
-def metric(http_port: int, name: str, labels: str) -> float:
-    """One sample of the server's Prometheus exposition (0 when absent)."""
-    url = f"http://127.0.0.1:{http_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    pattern = re.compile(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", re.M)
-    match = pattern.search(text)
-    return float(match.group(1)) if match else 0.0
 
 
 @contextmanager
@@ -177,25 +242,21 @@ def run(workdir: Path, checks: Checks) -> None:
     log("reference outputs from SGLang without LMCache")
 
     port, http_port = free_port(), free_port()
-    server = start_server(
-        port, "engine_driven", workdir / "lmcache-server.log", "--http-port", str(http_port)
-    )
-    cfg = workdir / "lmcache.yaml"
-    cfg.write_text(
-        f"mp_host: 127.0.0.1\nmp_port: {port}\nextra_config:\n  lmcache.mp.heartbeat_interval: 1\n"
-    )
+    server = start_doc_server(port, http_port, workdir / "lmcache-server.log")
+    cfg = workdir / "cfg.yaml"
+    cfg.write_text(doc_config(port))
     instances: list[SGLang] = []
     try:
         a = SGLang(model, workdir, "a", cfg)
         instances.append(a)
-        first = a.generate(P_STORE)
+        first = doc_curl_generate(a.port, P_STORE)
         checks.check(first["text"] == reference[P_STORE], "A: output identical to no LMCache")
         checks.check(storage_hit(first) == 0, "A: first request is a miss")
         a.generate(P_TENANT, salt="alice")
         a.kill()
         log("A stored two prompts and was killed")
 
-        hits_before = metric(http_port, "lmcache_mp_lookup_tokens_total", 'result="hit"')
+        hits_before = doc_metric_hit_tokens(http_port)
         a2 = SGLang(model, workdir, "a2", cfg)
         instances.append(a2)
         again = a2.generate(P_STORE)
@@ -203,7 +264,7 @@ def run(workdir: Path, checks: Checks) -> None:
             storage_hit(again) >= CHUNK, f"A2 (restart): {storage_hit(again)} tokens from LMCache"
         )
         checks.check(again["text"] == reference[P_STORE], "A2: output of the hit identical")
-        hits_after = metric(http_port, "lmcache_mp_lookup_tokens_total", 'result="hit"')
+        hits_after = doc_metric_hit_tokens(http_port)
         checks.check(
             hits_after > hits_before,
             f"server metrics count the hit ({hits_before:g} -> {hits_after:g} tokens)",
