@@ -28,9 +28,7 @@ def _doc_commands() -> Any:
     name = "sglang_doc_commands"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "e2e" / "sglang" / "doc_commands.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, ROOT / "e2e" / "sglang" / "doc_commands.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # its dataclass resolves annotations through it
