@@ -1,10 +1,15 @@
 """``UnifiedLMCacheMPConnector`` against a real ``lmcache server``, with fake SGLang-side
 objects (no SGLang needed): the calls SGLang 0.5.23's ``LMCacheUnifiedRadixCache`` makes,
-in its order."""
+in its order.
+
+The KV pools live on the CPU; ``benchmarks/gpu_check.sh`` runs this file with
+``LMCACHE_SGLANG_TEST_DEVICE=cuda`` (and ``LMCACHE_SGLANG_TEST_MODE`` to pick the transfer
+mode) so the same calls go through the CUDA backend's transfer paths."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,8 @@ PAGE = 16
 CHUNK = 64
 LAYERS, HEADS, HEAD_SIZE = 2, 2, 8
 PAGES = 32  # SGLang's pool, page 0 being its padding page
+DEVICE = os.environ.get("LMCACHE_SGLANG_TEST_DEVICE", "cpu")
+MODE = os.environ.get("LMCACHE_SGLANG_TEST_MODE", "")  # "": the device's default
 
 
 @dataclasses.dataclass
@@ -60,8 +67,8 @@ def make_pool(seed: int) -> FakeMHAPool:
     gen = torch.Generator().manual_seed(seed)
     shape = (PAGES * PAGE, HEADS, HEAD_SIZE)
     return FakeMHAPool(
-        [torch.randn(shape, generator=gen) for _ in range(LAYERS)],
-        [torch.randn(shape, generator=gen) for _ in range(LAYERS)],
+        [torch.randn(shape, generator=gen).to(DEVICE) for _ in range(LAYERS)],
+        [torch.randn(shape, generator=gen).to(DEVICE) for _ in range(LAYERS)],
     )
 
 
@@ -101,7 +108,8 @@ def tokens(n: int, offset: int = 0) -> list[int]:
 
 
 def kv_of(pool: FakeMHAPool, token_slots: torch.Tensor) -> torch.Tensor:
-    return torch.stack([buf[token_slots] for buf in [*pool.k_buffer, *pool.v_buffer]])
+    planes = [*pool.k_buffer, *pool.v_buffer]
+    return torch.stack([buf[token_slots.to(buf.device)] for buf in planes]).cpu()
 
 
 def lookup(connector: Any, rid: str, ids: list[int], salt: str = "", local: int = 0) -> Any:
@@ -133,7 +141,11 @@ def config(small_server: Any, tmp_path: Path) -> str:
     return write_config(tmp_path, small_server("--chunk-size", str(CHUNK)))
 
 
-def test_store_then_second_instance_loads_identical_kv(config: str) -> None:
+@pytest.mark.parametrize("mode", ["engine_driven", "lmcache_driven"])
+def test_store_then_second_instance_loads_identical_kv(
+    small_server: Any, tmp_path: Path, mode: str
+) -> None:
+    config = write_config(tmp_path, small_server("--chunk-size", str(CHUNK)), MODE or mode)
     writer_pool, reader_pool = make_pool(1), make_pool(2)
     writer = make_connector(config, writer_pool)
     reader = make_connector(config, reader_pool)
