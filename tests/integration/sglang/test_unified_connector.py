@@ -245,8 +245,12 @@ def test_killed_server_costs_misses_not_errors(small_server: Any, tmp_path: Path
     try:
         ids = tokens(2 * CHUNK, offset=31)
         connector.complete_store(store(connector, "w", ids, slots(1, 8)))
+        pending = connector.submit_lookup("p", ids, local_hit_tokens=0, cache_salt="")
         small_server.kill(url)
         started = time.monotonic()
+        # A lookup sent before the server died is answered as a miss, not an error...
+        assert connector.poll_lookup(pending) == 0 and not pending.locks_held
+        # ... and so is one sent after.
         operation, hit = lookup(connector, "r", ids)
         assert hit == 0 and not operation.locks_held
         op = connector.submit_store("r2", ids, [slots(1, 8)], device_indices_start=0, cache_salt="")
