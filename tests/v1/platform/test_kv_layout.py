@@ -115,3 +115,18 @@ def test_cpu_cache_context_honors_the_unified_hint() -> None:
         assert context.num_layers == 4
     finally:
         context.close()
+
+
+def test_k_v_list_pages_token_slot_planes_by_the_hint() -> None:
+    """Upstream's older SGLang adapter: ``[slots, NH, HS]`` planes + tokens_per_block."""
+    from lmcache.v1.platform.kv_layout import as_layer_views
+
+    planes = [torch.randn(64, 2, 8) for _ in range(4)]
+    hints = {"kv_list_layout": "k_v", "tokens_per_block": 16}
+    views = as_layer_views(planes, hints)
+    assert [tuple(v.shape) for v in views] == [(4, 16, 16)] * 4
+    assert torch.equal(views[1][2, 3], planes[1][2 * 16 + 3].reshape(-1))
+    with pytest.raises(ValueError, match="tokens_per_block"):
+        as_layer_views(planes, {"kv_list_layout": "k_v"})
+    with pytest.raises(ValueError, match="k_v KV list"):
+        as_layer_views([torch.randn(60, 2, 8)], hints)

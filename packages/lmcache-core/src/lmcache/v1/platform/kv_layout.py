@@ -49,11 +49,13 @@ def declared_kv_layout(layout_hints: object) -> str | None:
     return kv_layout
 
 
-# Upstream's ``LayoutHints["kv_list_layout"]``: "unified" is SGLang's flat tensor list, one
-# tensor per K or V plane of a layer (``[NB, BS, NH, HS]`` or ``[NB, BS, HS]``), all K
-# planes first; "" / None / "per_layer" is one tensor per layer (vLLM).
+# Upstream's ``LayoutHints["kv_list_layout"]``, SGLang's flat tensor list (one tensor per K
+# or V plane of a layer, every K plane first): "unified" planes are ``[NB, BS, NH, HS]``
+# (or MLA ``[NB, BS, HS]``); "k_v" planes are ``[NB*BS, NH, HS]`` token slots, paged by the
+# hint's ``tokens_per_block``.  Without the key, one tensor per layer (vLLM).
 UNIFIED_KV_LIST = "unified"
-HONORED_KV_LIST_LAYOUTS = frozenset({UNIFIED_KV_LIST, "per_layer"})
+K_V_KV_LIST = "k_v"
+HONORED_KV_LIST_LAYOUTS = frozenset({UNIFIED_KV_LIST, K_V_KV_LIST})
 
 
 def declared_kv_list_layout(layout_hints: object) -> str | None:
@@ -74,23 +76,40 @@ def declared_kv_list_layout(layout_hints: object) -> str | None:
 def as_layer_views(tensors: Sequence[torch.Tensor], layout_hints: object) -> list[torch.Tensor]:
     """The engine's KV tensors seen as the per-layer tensors the block transfer takes.
 
-    With ``kv_list_layout="unified"`` each plane becomes one single-plane layer
-    ``[NB, BS, NH*HS]`` (a view: heads flattened, no copy), so a chunk object is
-    ``[1, 2*NL, T, NH*HS]`` with every K plane before every V plane: the same bytes, in
-    the same order, as the ``[2, NL, T, NH*HS]`` object of a per-layer engine.
+    With a ``kv_list_layout`` (SGLang) each plane becomes one single-plane layer
+    ``[NB, BS, NH*HS]`` (a view: no copy), so a chunk object is ``[1, 2*NL, T, NH*HS]``
+    with every K plane before every V plane: the same bytes, in the same order, as the
+    ``[2, NL, T, NH*HS]`` object of a per-layer engine.
     """
-    if declared_kv_list_layout(layout_hints) == UNIFIED_KV_LIST:
-        views = []
-        for tensor in tensors:
-            if tensor.dim() not in (3, 4):
-                raise ValueError(
-                    f"a unified KV list holds [NB, BS, NH, HS] or [NB, BS, HS] planes, got "
-                    f"shape {tuple(tensor.shape)}"
-                )
-            views.append(tensor if tensor.dim() == 3 else tensor.flatten(2))
-        return views
+    list_layout = declared_kv_list_layout(layout_hints)
+    if list_layout == UNIFIED_KV_LIST:
+        return [_unified_plane(t) for t in tensors]
+    if list_layout == K_V_KV_LIST:
+        assert isinstance(layout_hints, dict)
+        block_size = layout_hints.get("tokens_per_block")
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError("kv_list_layout 'k_v' needs a positive tokens_per_block hint")
+        return [_token_slot_plane(t, block_size) for t in tensors]
     kv_layout = declared_kv_layout(layout_hints)
     return [as_nhd_view(t, kv_layout) for t in tensors]
+
+
+def _unified_plane(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dim() not in (3, 4):
+        raise ValueError(
+            f"a unified KV list holds [NB, BS, NH, HS] or [NB, BS, HS] planes, got shape "
+            f"{tuple(tensor.shape)}"
+        )
+    return tensor if tensor.dim() == 3 else tensor.flatten(2)
+
+
+def _token_slot_plane(tensor: torch.Tensor, block_size: int) -> torch.Tensor:
+    if tensor.dim() != 3 or tensor.shape[0] % block_size:
+        raise ValueError(
+            f"a k_v KV list holds [slots, NH, HS] planes with slots a multiple of "
+            f"tokens_per_block {block_size}, got shape {tuple(tensor.shape)}"
+        )
+    return tensor.view(tensor.shape[0] // block_size, block_size, -1)
 
 
 def as_nhd_view(tensor: torch.Tensor, kv_layout: str | None) -> torch.Tensor:
