@@ -461,7 +461,8 @@ def sglang_cpu(session: nox.Session) -> None:
 def interop_upstream(session: nox.Session) -> None:
     """Interop with the published lmcache==0.5.6 (tests_interop/, docs/compatibility.md):
     upstream's adapters on our server, our worker on upstream's server, vLLM with
-    upstream's connector on our server (layers over the vllm-e2e venv: run that first).
+    upstream's connector on our server (layers over the vllm-e2e venv: run that first),
+    upstream's SGLang connector on our server (over the sglang-cpu venv, likewise).
     Upstream venvs live in .nox/_interop/ (first run ~2 min, ~190 MB download)."""
     _install_wheels(session, [CORE])
     session.install(*TEST_DEPS)
