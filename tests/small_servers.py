@@ -1,4 +1,6 @@
-"""Shared fixtures of the connector tests (vLLM, SGLang) that need a real server but no engine."""
+"""``small_server``: real ``lmcache server`` processes for the connector tests (vLLM, SGLang)
+that need a server but no engine.  Imported as ``small_servers`` by their conftest files
+(``tests/`` is on ``sys.path``, like ``prerequisites``)."""
 
 from __future__ import annotations
 
