@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 
 import doc_commands  # noqa: E402
 import tiny_model  # noqa: E402  (e2e/vllm: the seeded tiny Llama)
-from e2e_common import free_port, stop_server  # noqa: E402
+from e2e_common import free_port, stop_server, wait_until_serving  # noqa: E402
 from install import ROOT, sglang_env  # noqa: E402
 
 DOC = doc_commands.load()
@@ -180,8 +180,6 @@ def doc_metric_hit_tokens(http_port: int) -> float:
 
 def start_doc_server(port: int, http_port: int, log_path: Path) -> subprocess.Popen[bytes]:
     """The doc's ``lmcache server`` command on free ports; returns once it answers."""
-    from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
-
     argv = doc_commands.with_option(DOC.server, "--port", str(port))
     argv = doc_commands.with_option(argv, "--http-port", str(http_port))
     with open(log_path, "wb") as log:
@@ -189,18 +187,7 @@ def start_doc_server(port: int, http_port: int, log_path: Path) -> subprocess.Po
             [sys.executable, "-m", "lmcache.cli.main", *argv, "--host", "127.0.0.1"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"lmcache server exited early; see {log_path}")
-        try:
-            with MPClient(f"tcp://127.0.0.1:{port}", timeout=2, connect_timeout=2) as client:
-                client.ping()
-            return proc
-        except MPClientError:
-            time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError(f"lmcache server did not come up in 60 s; see {log_path}")
+    return wait_until_serving(proc, port, log_path)
 
 
 def doc_config(port: int) -> str:
