@@ -24,8 +24,9 @@ class SmallServers:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def __call__(self, *extra: str) -> str:
-        url = free_url()
+    def __call__(self, *extra: str, url: str | None = None) -> str:
+        """``url``: a port to reuse (a restart of a killed server); default a free one."""
+        url = url or free_url()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
         env.pop("LMCACHE_ADMIN_TOKEN", None)
         log_path = self.log_dir / f"server-{len(self.procs)}.log"

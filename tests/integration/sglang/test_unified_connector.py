@@ -261,6 +261,31 @@ def test_killed_server_costs_misses_not_errors(small_server: Any, tmp_path: Path
         connector.close()
 
 
+def test_a_restarted_server_gets_the_kv_cache_registered_again(
+    small_server: Any, tmp_path: Path
+) -> None:
+    url = small_server("--chunk-size", str(CHUNK))
+    connector = make_connector(write_config(tmp_path, url), make_pool(8))
+    try:
+        ids = tokens(CHUNK, offset=41)
+        small_server.kill(url)
+        small_server("--chunk-size", str(CHUNK), url=url)  # a new, empty server
+        deadline = time.monotonic() + 20
+        while True:  # the heartbeat notices the new incarnation and registers again
+            op = connector.submit_store(
+                "again", ids, [slots(1, 4)], device_indices_start=0, cache_salt=""
+            )
+            if op is not None and connector.complete_store(op):
+                break
+            assert time.monotonic() < deadline, "the KV cache was never registered again"
+            connector.finish_request("again")
+            time.sleep(0.2)
+        connector.finish_request("again")
+        assert lookup(connector, "check", ids)[1] == CHUNK
+    finally:
+        connector.close()
+
+
 def test_flows_and_pending_stores_carry_sglang_fields() -> None:
     flow = LMCacheExternalFlow(key="k", lookup=None)  # type: ignore[arg-type]
     assert flow.total_hit is None and flow.load is None and not flow.cancelled
