@@ -329,3 +329,51 @@ def test_slots_to_pages() -> None:
         slots_to_pages(slots(3, 1)[:-1], PAGE)
     with pytest.raises(ValueError, match="page-aligned"):
         slots_to_pages(slots(3, 1) + 1, PAGE)
+
+
+def _tp_rank_main(rank: int, config: str, init_file: str, results: Any) -> None:
+    """One SGLang TP rank: its own pool and connector, agreeing over a gloo group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        group = dist.new_group([0, 1], backend="gloo")
+        kwargs = {"tp_size": 2, "tp_rank": rank, "tp_group": group}
+        writer_pool, reader_pool = make_pool(10 + rank), make_pool(20 + rank)
+        writer = make_connector(config, writer_pool, **kwargs)
+        reader = make_connector(config, reader_pool, **kwargs)
+        try:
+            ids = tokens(2 * CHUNK, offset=53)
+            source, target = slots(1, 8), slots(12, 8)
+            assert writer.complete_store(store(writer, "w", ids, source))
+            writer.finish_request("w")
+            operation, hit = lookup(reader, "r", ids)
+            load = reader.submit_load(operation, [target], local_hit_tokens=0)
+            ok = reader.prepare_load_on_stream(load, None) and reader.complete_load(load)
+            same = torch.equal(kv_of(reader_pool, target), kv_of(writer_pool, source))
+            results.put((rank, hit, bool(ok), same, reader.is_lookup_leader))
+        finally:
+            writer.close()
+            reader.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_tp_ranks_agree_and_each_loads_its_own_shard(config: str, tmp_path: Path) -> None:
+    """TP=2: rank 0 alone asks the server, both ranks get the same hit, and each rank's
+    shard (worker id = its rank) comes back into its own pool."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_tp_rank_main, args=(r, config, str(tmp_path / "init"), results))
+        for r in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0, f"rank process exited with {proc.exitcode}"
+    got = sorted(results.get(timeout=5) for _ in range(2))
+    assert got == [(0, 2 * CHUNK, True, True, True), (1, 2 * CHUNK, True, True, False)]
