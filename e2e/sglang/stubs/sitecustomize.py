@@ -6,10 +6,12 @@ that the CPU engine with ``--attention-backend torch_native`` never calls for a 
 Llama.  Python runs this file at start-up when its folder is on ``PYTHONPATH``, so the
 scheduler processes SGLang spawns get the stubs too.
 
-A stubbed attribute is a callable that returns ``None``: a kernel call "succeeds" without
-doing anything, so every check that uses this environment compares its output against a
-run without LMCache instead of trusting the numbers.  A real module, where installed, wins:
-the finder only answers for names nothing else on ``sys.path`` provides.
+A stubbed attribute is a class for a capitalised name (``isinstance`` checks, base classes,
+enum-like members) and otherwise a callable stub: used as a decorator it returns the
+function unchanged, called otherwise it returns another stub.  So a kernel call "succeeds"
+without doing anything, and every check that uses this environment compares its output
+against a run without LMCache instead of trusting the numbers.  A real module, where
+installed, wins: the finder only answers for names nothing else on ``sys.path`` provides.
 """
 
 from __future__ import annotations
