@@ -11,6 +11,7 @@ Sessions (``nox -l`` lists them):
   listed by hand.
 * ``lint`` (ruff), ``typecheck`` (mypy), ``docs`` (mkdocs --strict).
 * ``vllm-e2e`` and ``interop-upstream`` -- the real vLLM and upstream-lmcache checks.
+* ``sglang-cpu`` -- SGLang ``--enable-lmcache`` end to end on CPU (e2e/sglang/).
 * ``upstream-unit`` -- upstream lmcache 0.5.6's own unit tests (from its sdist) against the
   core wheel with the lmcache-cuda plugin wheel beside it (tests_interop/upstream_unit/,
   docs/compatibility.md).
@@ -92,6 +93,7 @@ nox.options.sessions = [
     "tests",
     "docs",
     "vllm-e2e",
+    "sglang-cpu",
     "interop-upstream",
     "upstream-unit",
 ]
@@ -445,11 +447,22 @@ def vllm_e2e(session: nox.Session) -> None:
     _load_session_module(ROOT / "e2e" / "vllm" / "nox_session.py").run(session, str(core))
 
 
+@nox.session(name="sglang-cpu")
+def sglang_cpu(session: nox.Session) -> None:
+    """SGLang 0.5.23 ``--enable-lmcache`` on CPU against a real ``lmcache server``
+    (e2e/sglang/: pinned wheels with --no-deps beside the CPU torch, import stubs for
+    sgl_kernel/torchvision; ~2 GB on disk, mostly the CPU torch and triton; four SGLang
+    starts of a tiny local Llama)."""
+    core = _cached_wheel(session, CORE)
+    _load_session_module(ROOT / "e2e" / "sglang" / "nox_session.py").run(session, str(core))
+
+
 @nox.session(name="interop-upstream")
 def interop_upstream(session: nox.Session) -> None:
     """Interop with the published lmcache==0.5.6 (tests_interop/, docs/compatibility.md):
     upstream's adapters on our server, our worker on upstream's server, vLLM with
-    upstream's connector on our server (layers over the vllm-e2e venv: run that first).
+    upstream's connector on our server (layers over the vllm-e2e venv: run that first),
+    upstream's SGLang connector on our server (over the sglang-cpu venv, likewise).
     Upstream venvs live in .nox/_interop/ (first run ~2 min, ~190 MB download)."""
     _install_wheels(session, [CORE])
     session.install(*TEST_DEPS)

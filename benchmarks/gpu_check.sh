@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One prepared GPU check for lmcache-cuda (tests + bench), sized for < 8 min on one H200.
+# One prepared GPU check for lmcache-cuda (tests + bench + the SGLang connector on CUDA),
+# sized for < 8 min on one H200.
 #
 # Here (no GPU, network): fetch the core's runtime deps the GPU image lacks, once:
 #     benchmarks/gpu_check.sh --prepare          # -> .whl/ (git-ignored)
 # Then with the device tool, from the repo root:
 #     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=540)
-# Results land in $OUT: build.log, pytest.log, bench.log, bench.json, env.txt.
+# Results land in $OUT: build.log, pytest.log, bench.log, bench.json, sglang.log, env.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -59,5 +60,20 @@ brc=${PIPESTATUS[0]}
 step "lmcache bench ops (selected backend)"
 timeout 60 $PY -m lmcache.cli.main bench ops --quick --json "$OUT/bench_ops.json" 2>&1 | tail -25
 
-echo "pytest rc=$rc bench rc=$brc"
-exit $(( rc != 0 || brc != 0 ))
+step "SGLang connector on CUDA: KV pools on the GPU, both transfer modes, real server"
+# SGLang itself (CUDA wheels, gigabytes) cannot reach this machine (no network, 64 MiB
+# carry): the connector runs with SGLang-shaped pools (tests/integration/sglang), and a
+# real `sglang --enable-lmcache` run happens only where the image already has SGLang.
+LMCACHE_SGLANG_TEST_DEVICE=cuda timeout 100 $PY -m pytest -q -rs -p no:cacheprovider \
+    tests/integration/sglang/test_unified_connector.py 2>&1 | tee "$OUT/sglang.log" | tail -5
+src=${PIPESTATUS[0]}
+if $PY -c "import sglang" 2>/dev/null; then
+    echo "SGLang is installed here: $($PY -c 'import sglang; print(sglang.__version__)')" \
+        | tee -a "$OUT/sglang.log"
+else
+    echo "SGLang not installed on this image: real sglang --enable-lmcache CUDA run skipped" \
+        | tee -a "$OUT/sglang.log"
+fi
+
+echo "pytest rc=$rc bench rc=$brc sglang rc=$src"
+exit $(( rc != 0 || brc != 0 || src != 0 ))

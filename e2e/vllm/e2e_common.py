@@ -64,9 +64,16 @@ def start_server(port: int, mode: str, log_path: Path, *extra: str) -> subproces
     ]
     log = open(log_path, "wb")  # noqa: SIM115 - the child owns it until stop_server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
+    return wait_until_serving(proc, port, log_path)
+
+
+def wait_until_serving(
+    proc: subprocess.Popen[bytes], port: int, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Return ``proc`` once the server on 127.0.0.1:port answers a ping (60 s at most)."""
     from lmcache.v1.multiprocess.worker.client import MPClient, MPClientError
 
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"lmcache server exited early; see {log_path}")

@@ -18,7 +18,10 @@ from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.worker.client import MPClient, ServerError
 from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
-BLOCK_SIZE, CHUNK_SIZE, NUM_BLOCKS, NUM_HEADS, HEAD_SIZE = 16, 32, 8, 2, 8
+BLOCK_SIZE, CHUNK_SIZE, NUM_HEADS, HEAD_SIZE = 16, 32, 2, 8
+# LMCache-driven on CPU moves the KV cache into shared memory in place, which needs pages of
+# its own (cpu_shm_remap): over glibc's largest mmap threshold (32 MiB), as vLLM's are.
+NUM_BLOCKS = 33 * 1024**2 // (NUM_HEADS * BLOCK_SIZE * 2 * HEAD_SIZE * 4) + 1
 PROMPT = tuple(range(500, 500 + 2 * CHUNK_SIZE))
 TENANTS = """
 tenants:

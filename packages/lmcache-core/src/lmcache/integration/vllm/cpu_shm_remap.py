@@ -8,6 +8,12 @@ themselves are replaced: the covering page range is copied into a new segment, w
 then mapped over the very same virtual addresses (``mmap(MAP_FIXED | MAP_SHARED)``).
 Every pointer, tensor and view stays valid and now reads and writes the shared pages.
 Linux only; done once at registration, before the engine serves requests.
+
+Only pages the storage has to itself can be replaced: the copy and the remap are two steps,
+and a write by another thread to an object sharing those pages in between would be lost
+(heap corruption).  A storage inside the malloc heap (``[heap]``: small allocations; vLLM's
+KV caches are large and mapped on their own) is therefore refused with the reason, as is
+a storage that only partly lies in an earlier segment (its memory was freed and reused).
 """
 
 from __future__ import annotations
@@ -50,15 +56,21 @@ def remap_storage_to_shm(tensor: torch.Tensor) -> str:
     """Back ``tensor``'s whole storage by a new SHM segment; returns the segment name."""
     if tensor.device.type != "cpu":
         raise ValueError(f"only CPU tensors can be remapped, got {tensor.device}")
-    existing = shm_segment_of(tensor)
-    if existing is not None:
-        return existing
     storage = tensor.untyped_storage()
     base, nbytes = storage.data_ptr(), storage.nbytes()
     page = mmap.PAGESIZE
     lo = base - base % page
     hi = -(-(base + nbytes) // page) * page
     size = hi - lo
+    existing = shm_segment_of(tensor)
+    if existing is not None and _one_mapping_covers(base, base + nbytes):
+        return existing
+    if _in_malloc_heap(lo, hi):
+        raise ValueError(
+            f"the {nbytes}-byte CPU KV cache lies in the malloc heap, sharing its pages with "
+            "other objects, so it cannot be moved into shared memory safely; use the "
+            "engine-driven transfer mode (lmcache.mp.mp_transfer_mode) for KV caches this small"
+        )
     name = new_segment_name()
     path = os.path.join(SHM_DIR, name.lstrip("/"))
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -81,6 +93,26 @@ def remap_storage_to_shm(tensor: torch.Tensor) -> str:
     os.close(fd)
     logger.info("moved %d bytes of CPU KV cache into shared memory %s", size, name)
     return name
+
+
+def _mappings() -> list[tuple[int, int, str]]:
+    """(start, end, path) of every mapping of this process."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start_s, end_s = fields[0].split("-")
+            path = fields[5].strip() if len(fields) == 6 else ""
+            found.append((int(start_s, 16), int(end_s, 16), path))
+    return found
+
+
+def _in_malloc_heap(lo: int, hi: int) -> bool:
+    return any(s < hi and lo < e and path == "[heap]" for s, e, path in _mappings())
+
+
+def _one_mapping_covers(lo: int, hi: int) -> bool:
+    return any(s <= lo and hi <= e for s, e, _path in _mappings())
 
 
 def remap_kv_caches_to_shm(tensors: list[torch.Tensor]) -> list[str]:

@@ -122,13 +122,13 @@ IMPLEMENTED_KEYS: dict[str, str] = {
     "extra_config": "options of tiers and plugins (local_cpu.*, local_disk.*, storage_plugin.*)",
     "pin_timeout_sec": "PinMonitor.GetOrCreate(config): seconds an object may stay pinned",
     "pin_check_interval_sec": "PinMonitor.GetOrCreate(config): seconds between its checks",
+    "mp_host": "SGLang's LMCache connector (--lmcache-config-file): the server's host",
+    "mp_port": "SGLang's LMCache connector (--lmcache-config-file): the server's port",
 }
 
 # Where a key that has no effect through this config is set instead.
 NO_EFFECT_HINTS: dict[str, str] = {
     "chunk_size": "the cache server's chunk size is `lmcache server --chunk-size`",
-    "mp_host": "vLLM reads the server address from lmcache.mp.host",
-    "mp_port": "vLLM reads the server port from lmcache.mp.port",
     "save_decode_cache": "vLLM reads lmcache.mp.save_decode_cache",
     "save_unfull_chunk": "the cache server always stores a request's last partial chunk",
 }

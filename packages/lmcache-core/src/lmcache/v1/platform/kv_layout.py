@@ -26,8 +26,10 @@ from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc
 __all__ = [
     "HONORED_KV_LAYOUTS",
     "KVLayout",
+    "as_layer_views",
     "as_nhd_view",
     "declared_kv_layout",
+    "declared_kv_list_layout",
     "dtype_from_name",
     "dtype_name",
 ]
@@ -45,6 +47,69 @@ def declared_kv_layout(layout_hints: object) -> str | None:
     if kv_layout is not None and not isinstance(kv_layout, str):
         raise TypeError(f"layout_hints kv_layout must be a string, got {type(kv_layout).__name__}")
     return kv_layout
+
+
+# Upstream's ``LayoutHints["kv_list_layout"]``, SGLang's flat tensor list (one tensor per K
+# or V plane of a layer, every K plane first): "unified" planes are ``[NB, BS, NH, HS]``
+# (or MLA ``[NB, BS, HS]``); "k_v" planes are ``[NB*BS, NH, HS]`` token slots, paged by the
+# hint's ``tokens_per_block``.  Without the key, one tensor per layer (vLLM).
+UNIFIED_KV_LIST = "unified"
+K_V_KV_LIST = "k_v"
+HONORED_KV_LIST_LAYOUTS = frozenset({UNIFIED_KV_LIST, K_V_KV_LIST})
+
+
+def declared_kv_list_layout(layout_hints: object) -> str | None:
+    """The ``kv_list_layout`` a worker declared in ``layout_hints``, if any."""
+    if not isinstance(layout_hints, dict):
+        return None
+    list_layout = layout_hints.get("kv_list_layout")
+    if list_layout is None:
+        return None
+    if not isinstance(list_layout, str) or list_layout not in HONORED_KV_LIST_LAYOUTS:
+        raise ValueError(
+            f"layout_hints kv_list_layout {list_layout!r} is not supported; supported: "
+            f"{sorted(HONORED_KV_LIST_LAYOUTS)}"
+        )
+    return list_layout
+
+
+def as_layer_views(tensors: Sequence[torch.Tensor], layout_hints: object) -> list[torch.Tensor]:
+    """The engine's KV tensors seen as the per-layer tensors the block transfer takes.
+
+    With a ``kv_list_layout`` (SGLang) each plane becomes one single-plane layer
+    ``[NB, BS, NH*HS]`` (a view: no copy), so a chunk object is ``[1, 2*NL, T, NH*HS]``
+    with every K plane before every V plane: the same bytes, in the same order, as the
+    ``[2, NL, T, NH*HS]`` object of a per-layer engine.
+    """
+    list_layout = declared_kv_list_layout(layout_hints)
+    if list_layout == UNIFIED_KV_LIST:
+        return [_unified_plane(t) for t in tensors]
+    if list_layout == K_V_KV_LIST:
+        assert isinstance(layout_hints, dict)
+        block_size = layout_hints.get("tokens_per_block")
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError("kv_list_layout 'k_v' needs a positive tokens_per_block hint")
+        return [_token_slot_plane(t, block_size) for t in tensors]
+    kv_layout = declared_kv_layout(layout_hints)
+    return [as_nhd_view(t, kv_layout) for t in tensors]
+
+
+def _unified_plane(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dim() not in (3, 4):
+        raise ValueError(
+            f"a unified KV list holds [NB, BS, NH, HS] or [NB, BS, HS] planes, got shape "
+            f"{tuple(tensor.shape)}"
+        )
+    return tensor if tensor.dim() == 3 else tensor.flatten(2)
+
+
+def _token_slot_plane(tensor: torch.Tensor, block_size: int) -> torch.Tensor:
+    if tensor.dim() != 3 or tensor.shape[0] % block_size:
+        raise ValueError(
+            f"a k_v KV list holds [slots, NH, HS] planes with slots a multiple of "
+            f"tokens_per_block {block_size}, got shape {tuple(tensor.shape)}"
+        )
+    return tensor.view(tensor.shape[0] // block_size, block_size, -1)
 
 
 def as_nhd_view(tensor: torch.Tensor, kv_layout: str | None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from lmcache.v1.multiprocess.wire.custom_types import EngineType, IPCCacheServerKey
 from lmcache.v1.platform import resolve_device_ops, synchronize_device
-from lmcache.v1.platform.kv_layout import KVLayout, as_nhd_view, declared_kv_layout, dtype_name
+from lmcache.v1.platform.kv_layout import KVLayout, as_layer_views, dtype_name
 from lmcache.v1.platform.ops_types import EngineKVFormat, TransferDirection
 from lmcache.v1.platform.transfer_mode import MPTransferMode
 
@@ -140,7 +140,11 @@ class TransferContext(abc.ABC):
         except Exception:
             logger.debug("unregister during close failed", exc_info=True)
 
-    def _setup(self, kv: list[torch.Tensor], blocks_in_chunk: int) -> KVLayout:
+    def _setup(
+        self, kv: list[torch.Tensor], blocks_in_chunk: int, layout_hints: Any = None
+    ) -> KVLayout:
+        """Remember the KV tensors (as the per-layer views ``layout_hints`` asks for)."""
+        kv = as_layer_views(kv, layout_hints)
         layout = KVLayout.from_tensors(kv)
         self.layout = layout
         self._kv = kv
@@ -222,8 +226,7 @@ def _paged_kv(
     tensors = _tensor_list(kv_caches)
     if not tensors:
         raise ValueError("no KV-cache tensors given")
-    kv_layout = declared_kv_layout(layout_hints)
-    views = [as_nhd_view(t, kv_layout) for t in tensors]
+    views = as_layer_views(tensors, layout_hints)
     return views, KVLayout.from_tensors(views)
 
 

@@ -177,7 +177,7 @@ class EngineDrivenTransferContext(TransferContext):
         if len(engine_group_infos) > 1:
             raise ValueError("engine-driven transfer handles one KV-cache group")
         kv = _tensor_list(kv_caches)
-        layout = self._setup(kv, blocks_in_chunk)
+        layout = self._setup(kv, blocks_in_chunk, layout_hints)
         self._ops = resolve_device_ops(kv[0].device.type)
         self._mq_timeout = mq_timeout
         self._layout_hints = layout_hints

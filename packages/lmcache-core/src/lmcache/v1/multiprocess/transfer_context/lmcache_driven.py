@@ -88,7 +88,7 @@ class LMCacheDrivenTransferContext(TransferContext):
 
         kv = _tensor_list(kv_caches)
         self._events = require_event_ipc(self.device_type, kv[0].device)
-        layout = self._setup(kv, blocks_in_chunk)
+        layout = self._setup(kv, blocks_in_chunk, layout_hints)
         self._wrappers = wrap_kv_caches(kv, self.device_type)
         self._registration = (
             self.instance_id,

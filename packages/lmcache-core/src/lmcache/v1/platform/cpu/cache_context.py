@@ -20,8 +20,7 @@ from lmcache.v1.platform.cpu.event_ipc import HostEvent
 from lmcache.v1.platform.kv_layout import (
     HONORED_KV_LAYOUTS,
     KVLayout,
-    as_nhd_view,
-    declared_kv_layout,
+    as_layer_views,
 )
 from lmcache.v1.platform.ops_types import EngineKVFormat, PageBufferShapeDesc, TransferDirection
 
@@ -45,12 +44,11 @@ class CPUCacheContext(BaseCacheContext):
     ) -> None:
         self._wrappers = [w for w in kv_caches if not isinstance(w, torch.Tensor)]
         try:
-            kv_layout = declared_kv_layout(layout_hints)
             tensors = [w if isinstance(w, torch.Tensor) else w.to_tensor() for w in kv_caches]
             for tensor in tensors:
                 if tensor.device.type != "cpu":
                     raise ValueError(f"CPUCacheContext got a tensor on {tensor.device}")
-            tensors = [as_nhd_view(t, kv_layout) for t in tensors]
+            tensors = as_layer_views(tensors, layout_hints)
             self._layout = KVLayout.from_tensors(tensors)
             self._layout.check_chunk_size(lmcache_tokens_per_chunk)
         except BaseException:
