@@ -10,7 +10,9 @@ Needs SGLang (the ``sglang-cpu`` nox session runs these files, ``-m sglang``).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,7 +41,10 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
-from lmcache.integration.sglang.hicache_storage import LMCacheHiCacheStorage  # noqa: E402
+from lmcache.integration.sglang.hicache_storage import (  # noqa: E402
+    CONFIG_KEYS,
+    LMCacheHiCacheStorage,
+)
 from lmcache.v1.multiprocess.worker.client import (  # noqa: E402
     MPClient,
     ServerUnavailableError,
@@ -456,3 +461,30 @@ def test_bad_settings_are_refused_by_name() -> None:
     config = storage_config("tcp://127.0.0.1:1", timeout_s=0)
     with pytest.raises(ValueError, match="timeout_s"):
         StorageBackendFactory.create_backend("dynamic", config, None)
+
+
+def _documented_extra_config() -> tuple[dict[str, Any], str]:
+    """The extra config of the docs' launch command, and the page's text."""
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    for name in ("sglang.md", "sglang-hicache.md"):
+        text = (docs / name).read_text() if (docs / name).exists() else ""
+        found = re.search(r"--hicache-storage-backend-extra-config '([^']+)'", text)
+        if found:
+            return json.loads(found.group(1)), text
+    raise AssertionError("no --hicache-storage-backend-extra-config in docs/sglang*.md")
+
+
+def test_the_documented_extra_config_works_as_documented(
+    server_url: str, make_backend: Callable[..., Any]
+) -> None:
+    extra, text = _documented_extra_config()
+    assert extra["module_path"] == MODULE and extra["interface_v1"] == 1
+    for key in CONFIG_KEYS:
+        assert f"`{key}`" in text, f"extra-config key {key} is not documented"
+    config = storage_config(server_url)
+    config.extra_config = {**extra, "lmcache_url": server_url}
+    pool = host_pool()
+    backend = make_backend(config, pool)
+    keys = keys_for("docs", 1)
+    assert backend.batch_set_v1(keys, fill_pages(pool, 1)) == [True]
+    assert backend.batch_exists(keys) == 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from mp_server_helpers import free_port
@@ -21,16 +23,18 @@ L1_BYTES = 1024 * 1024
 SCOPE = ObjectScope(model_name="m", world_size=2, worker_id=1)
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[MPClient, MPCacheServer]]:
+def _serve(**overrides: Any) -> Iterator[tuple[MPClient, MPCacheServer]]:
     config = MPServerConfig(
-        port=free_port(),
-        chunk_size=16,
-        l1_size_gb=L1_BYTES / 1024**3,
-        shm_name="",
-        http_port=0,
-        prometheus_port=0,
-        disable_metrics=True,
+        **{
+            "port": free_port(),
+            "chunk_size": 16,
+            "l1_size_gb": L1_BYTES / 1024**3,
+            "shm_name": "",
+            "http_port": 0,
+            "prometheus_port": 0,
+            "disable_metrics": True,
+            **overrides,
+        }
     )
     engine = build_cache_server(config)
     server = MPServer(config, engine)
@@ -44,6 +48,16 @@ def served() -> Iterator[tuple[MPClient, MPCacheServer]]:
         server.request_stop()
         loop.join(15)
         server.close()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[MPClient, MPCacheServer]]:
+    yield from _serve()
+
+
+@pytest.fixture
+def served_with_disk(tmp_path: Path) -> Iterator[tuple[MPClient, MPCacheServer]]:
+    yield from _serve(l2_disk_path=str(tmp_path), l2_disk_size_gb=0.0625)
 
 
 def _blob(seed: int, size: int) -> bytes:
@@ -168,3 +182,20 @@ def test_bad_requests_get_typed_errors(served: tuple[MPClient, MPCacheServer]) -
     assert exc.value.code == "bad_payload"
     # Nothing was stored by the refused requests, and the server still serves.
     assert client.count_object_prefix(SCOPE, ["a"]) == 0
+
+
+def test_objects_evicted_from_l1_come_back_from_disk(
+    served_with_disk: tuple[MPClient, MPCacheServer],
+) -> None:
+    client, engine = served_with_disk
+    page = 64 * 1024
+    names = [f"d{i}" for i in range(2 * L1_BYTES // page)]
+    for i, name in enumerate(names):
+        assert client.put_objects(SCOPE, [name], [_blob(i, page)]) == [True]
+    engine.storage.wait_for_puts()
+    assert not engine.storage.in_l1(object_key(SCOPE, names[0]))
+    assert client.count_object_prefix(SCOPE, names) == len(names)
+    got = client.get_objects(SCOPE, names[:3])
+    assert [bytes(v) if v is not None else None for v in got] == [
+        _blob(i, page) for i in range(3)
+    ]

@@ -2,7 +2,7 @@
 
 SGLang's HiCache keys each KV page by a hash of its tokens, and its page size is not the
 server's chunk size, so its pages cannot be token chunks.  They are stored here as they
-come: one L1 object per name, in the same tiers, under the same eviction, quotas and
+come: one L1 object per name, in the same tiers, under the same eviction and
 write-through as chunks.
 
 A name lives in an :class:`~lmcache.v1.multiprocess.wire.custom_types.ObjectScope`
