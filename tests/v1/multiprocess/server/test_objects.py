@@ -196,6 +196,4 @@ def test_objects_evicted_from_l1_come_back_from_disk(
     assert not engine.storage.in_l1(object_key(SCOPE, names[0]))
     assert client.count_object_prefix(SCOPE, names) == len(names)
     got = client.get_objects(SCOPE, names[:3])
-    assert [bytes(v) if v is not None else None for v in got] == [
-        _blob(i, page) for i in range(3)
-    ]
+    assert [bytes(v) if v is not None else None for v in got] == [_blob(i, page) for i in range(3)]
