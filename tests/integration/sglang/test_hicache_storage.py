@@ -38,6 +38,7 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     PoolTransfer,
 )
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
@@ -351,6 +352,35 @@ def test_v2_pool_transfers_and_hit_policies(
     for page in range(4):
         assert page_bytes(kv, kv_dst, page) == page_bytes(kv, kv_src, page)
     assert page_bytes(extra, extra_dst, 0) == page_bytes(extra, extra_src, 1)
+
+
+def test_a_hybrid_models_pool_group_registers_its_pools_one_by_one(
+    server_url: str, make_backend: Callable[..., Any]
+) -> None:
+    """A hybrid model registers a ``HostPoolGroup`` (no flat-page API) as its host pool,
+    then each pool through the v2 registration; the KV pool serves the v1 methods."""
+    kv = host_pool()
+    group = HostPoolGroup(
+        [PoolEntry(PoolName.KV, kv, None, lambda layer: layer, is_primary_index_anchor=True)]
+    )
+    backend = make_backend(storage_config(server_url), group)
+    backend.register_mem_host_pool_v2(kv, PoolName.KV)
+    keys = keys_for("group", 2)
+    assert backend.batch_set_v1(keys, fill_pages(kv, 2)) == [True, True]
+    assert backend.batch_exists(keys) == 2
+
+
+def test_a_refused_request_is_a_miss_without_backing_off(
+    server_url: str, make_backend: Callable[..., Any]
+) -> None:
+    """A request the server refuses (an object above its request limit) is a miss, and
+    the next request goes out at once (the server is there)."""
+    pool = host_pool()
+    backend = make_backend(storage_config(server_url), pool)
+    huge = torch.zeros(200 * 1024 * 1024, dtype=torch.uint8)  # above --max-message-mb
+    assert not backend.set(keys_for("huge", 1)[0], huge)
+    keys = keys_for("after", 1)
+    assert backend.batch_set_v1(keys, fill_pages(pool, 1)) == [True]
 
 
 def test_the_legacy_tensor_methods(server_url: str, make_backend: Callable[..., Any]) -> None:

@@ -48,6 +48,7 @@ from lmcache.v1.multiprocess.worker.client import (
     DEFAULT_URL,
     MPClient,
     MPClientError,
+    ServerError,
     normalize_url,
 )
 
@@ -60,6 +61,8 @@ DEFAULT_RETRY_AFTER_S = 5.0
 # Page bytes per request; a larger batch is split (the server's default request limit,
 # --max-message-mb, is 169 MiB).  A single page above it goes alone.
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+# The shortest time between two warnings about failed requests.
+WARN_INTERVAL_S = 30.0
 # Keys of --hicache-storage-backend-extra-config this backend reads (the factory's own
 # keys and SGLang's are ignored).
 CONFIG_KEYS = (
@@ -177,6 +180,7 @@ class LMCacheHiCacheStorage(HiCacheStorage):
         self._clients: list[MPClient] = []
         self._clients_lock = threading.Lock()
         self._down_until = 0.0
+        self._last_warning = -WARN_INTERVAL_S
         self._closed = False
         logger.info(
             "LMCacheHiCacheStorage: %s, model %r rank %d of %d (%s)",
@@ -191,6 +195,10 @@ class LMCacheHiCacheStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
+        if not hasattr(mem_pool_host, "get_dummy_flat_data_page"):
+            # A hybrid model's HostPoolGroup: its pools (KV included) come one by one
+            # through register_mem_host_pool_v2.
+            return
         self._pools[PoolName.KV.value] = self._pool(mem_pool_host, PoolName.KV.value)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
@@ -249,17 +257,30 @@ class LMCacheHiCacheStorage(HiCacheStorage):
             raise _Unavailable("the server did not answer recently")
         try:
             return fn(self._client())
+        except ServerError as exc:
+            # The server answered and refused this request (e.g. a page above its
+            # --max-message-mb): a miss, and no reason to stop asking.
+            self._warn(f"{what} refused by the server ({exc}); treated as a miss")
+            raise _Unavailable(str(exc)) from None
         except (MPClientError, zmq.ZMQError, OSError) as exc:
             # Wedged or gone: stop asking for a while, so each call costs at most one
             # timeout per back-off window instead of one per call.
             self._down_until = time.monotonic() + self.settings.retry_after_s
-            logger.warning(
-                "LMCacheHiCacheStorage: %s failed (%s); treated as a miss, next try in %.1fs",
-                what,
-                exc,
-                self.settings.retry_after_s,
+            self._warn(
+                f"{what} failed ({exc}); treated as a miss, next try in "
+                f"{self.settings.retry_after_s:.1f}s"
             )
             raise _Unavailable(str(exc)) from None
+
+    def _warn(self, message: str) -> None:
+        """A warning at most every :data:`WARN_INTERVAL_S` (the rest at debug level): a
+        server away for an hour must not fill the log."""
+        now = time.monotonic()
+        if now - self._last_warning >= WARN_INTERVAL_S:
+            self._last_warning = now
+            logger.warning("LMCacheHiCacheStorage: %s", message)
+        else:
+            logger.debug("LMCacheHiCacheStorage: %s", message)
 
     def _put(self, scope: ObjectScope, names: list[str], frames: list[Any]) -> list[bool]:
         try:
