@@ -126,6 +126,15 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
 # -- SGLang's pools and factory ------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_host_memory_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang refuses a host pool unless 10 GiB of RAM stay free besides it (a production
+    guard); these pools are a few KiB, and the test machine's free RAM varies."""
+    import sglang.srt.mem_cache.pool_host.base as pool_host_base
+
+    monkeypatch.setattr(pool_host_base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 0)
+
+
 def host_pool(layout: str = "page_first", dtype: torch.dtype = torch.bfloat16) -> Any:
     device = MHATokenToKVPool(64, PAGE_SIZE, dtype, HEADS, HEAD_DIM, LAYERS, "cpu", False)
     return MHATokenToKVPoolHost(
