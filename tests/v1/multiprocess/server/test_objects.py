@@ -56,6 +56,11 @@ def served() -> Iterator[tuple[MPClient, MPCacheServer]]:
 
 
 @pytest.fixture
+def served_with_metrics() -> Iterator[tuple[MPClient, MPCacheServer]]:
+    yield from _serve(disable_metrics=False)
+
+
+@pytest.fixture
 def served_with_disk(tmp_path: Path) -> Iterator[tuple[MPClient, MPCacheServer]]:
     yield from _serve(l2_disk_path=str(tmp_path), l2_disk_size_gb=0.0625)
 
@@ -197,3 +202,18 @@ def test_objects_evicted_from_l1_come_back_from_disk(
     assert client.count_object_prefix(SCOPE, names) == len(names)
     got = client.get_objects(SCOPE, names[:3])
     assert [bytes(v) if v is not None else None for v in got] == [_blob(i, page) for i in range(3)]
+
+
+def test_object_bytes_are_counted_in_the_metrics(
+    served_with_metrics: tuple[MPClient, MPCacheServer],
+) -> None:
+    client, engine = served_with_metrics
+    assert engine.metrics is not None
+    registry = engine.metrics.registry
+    labels = {"transfer_mode": "objects", "sub_path": "framed"}
+    client.put_objects(SCOPE, ["a", "b", "a"], [b"x" * 100, b"y" * 50, b"z"])
+    client.get_objects(SCOPE, ["a", "missing"])
+    assert registry.get_sample_value("lmcache_mp_stored_bytes_total", labels) == 150
+    assert registry.get_sample_value("lmcache_mp_retrieved_bytes_total", labels) == 100
+    ok = {"operation": "put_objects", "outcome": "ok"}
+    assert registry.get_sample_value("lmcache_mp_requests_total", ok) == 1

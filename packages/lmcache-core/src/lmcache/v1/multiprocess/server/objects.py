@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 OBJECT_MODEL_SUFFIX = "#objects"
 """Appended to the scope's model name in storage keys: the object namespace of a model."""
 OBJECT_FORMAT = MemoryFormat.BINARY_BUFFER
+# The metrics' transfer_mode and sub_path labels of object bytes (lmcache_mp_*_bytes_total).
+METRIC_MODE = "objects"
+METRIC_SUB_PATH = "framed"
 _OBJECT_DTYPE = torch.uint8
 
 
@@ -99,6 +102,10 @@ class ObjectOps(ServerCore):
             pending.release()
             raise
         self._count(retrieved_objects=len(hits))
+        if self.metrics is not None:
+            self.metrics.add_retrieved(
+                METRIC_MODE, METRIC_SUB_PATH, sum(o.get_size() for o in hits)
+            )
         return BulkReply(flags, frames)
 
     def put_objects(
@@ -144,4 +151,7 @@ class ObjectOps(ServerCore):
             for obj in objs:
                 obj.ref_count_down()
         self._count(stored_objects=len(keys))
+        if self.metrics is not None:
+            nbytes = sum(o.get_size() for o in objs)
+            self.metrics.add_stored(METRIC_MODE, METRIC_SUB_PATH, nbytes)
         return stored
