@@ -487,6 +487,31 @@ def test_a_dead_server_costs_misses_within_a_bound_never_an_exception(
     assert backend.batch_exists(keys) == 2
 
 
+def test_a_page_sent_while_the_server_was_down_is_never_stored_later(
+    servers: Servers, make_backend: Callable[..., Any]
+) -> None:
+    """Pages go out zero-copy, viewing the host pool: a request still queued in the
+    socket when its wait ended must be dropped, or a server that comes back would store
+    whatever SGLang has put in that host slot since, under the old page's name."""
+    url = servers.start()
+    pool = host_pool()
+    backend = make_backend(storage_config(url, timeout_s=0.5, retry_after_s=0.0), pool)
+    assert backend.batch_exists(["warm-up"]) == 0  # connected
+    servers.kill(url)
+    keys = keys_for("late", 2)
+    assert backend.batch_set_v1(keys, fill_pages(pool, 2)) == [False, False]
+    servers.start(url)
+    probe = MPClient(url, timeout=5)
+    try:
+        scope = backend._pools["kv"].scope
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            assert probe.count_object_prefix(scope, keys) == 0
+            time.sleep(0.2)
+    finally:
+        probe.close()
+
+
 def test_no_server_at_start_is_not_an_error(make_backend: Callable[..., Any]) -> None:
     """SGLang starts even when nothing listens yet: every call is a miss."""
     backend = make_backend(storage_config(free_url(), timeout_s=0.5), host_pool())

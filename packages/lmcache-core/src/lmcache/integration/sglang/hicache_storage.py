@@ -263,6 +263,10 @@ class LMCacheHiCacheStorage(HiCacheStorage):
             self._warn(f"{what} refused by the server ({exc}); treated as a miss")
             raise _Unavailable(str(exc)) from None
         except (MPClientError, zmq.ZMQError, OSError) as exc:
+            # Pages go out zero-copy, viewing the host pool: a request still queued in
+            # the socket would reach a server that comes back and store whatever SGLang
+            # has since put in that host slot.  Closing the socket drops it.
+            self._drop_client()
             # Wedged or gone: stop asking for a while, so each call costs at most one
             # timeout per back-off window instead of one per call.
             self._down_until = time.monotonic() + self.settings.retry_after_s
@@ -271,6 +275,18 @@ class LMCacheHiCacheStorage(HiCacheStorage):
                 f"{self.settings.retry_after_s:.1f}s"
             )
             raise _Unavailable(str(exc)) from None
+
+    def _drop_client(self) -> None:
+        """Close this thread's client (unsent requests are discarded); the next call
+        connects anew."""
+        client: MPClient | None = getattr(self._local, "client", None)
+        if client is None:
+            return
+        self._local.client = None
+        with self._clients_lock:
+            if client in self._clients:
+                self._clients.remove(client)
+        client.close()
 
     def _warn(self, message: str) -> None:
         """A warning at most every :data:`WARN_INTERVAL_S` (the rest at debug level): a
