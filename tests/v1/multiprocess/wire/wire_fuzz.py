@@ -388,7 +388,12 @@ def semantic_seeds(wrappers: list[Ext], chunk_size: int) -> dict[str, list[list[
         "dtype_str": "bfloat16",
         "use_mla": False,
     }
+    scope = {"model_name": "fuzz", "world_size": 2, "worker_id": 1, "cache_salt": "s"}
     return {
+        # Named objects: the fuzzer adds 0-3 data frames, so some puts match their names.
+        "put_objects": [[scope, ["a"]], [scope, ["a", "b"]], [{**scope, "shard": "x"}, ["c"]]],
+        "get_objects": [[scope, ["a", "b", "zz"]], [scope, []]],
+        "count_object_prefix": [[scope, ["a", "b", "c"]]],
         "register_kv_cache": [
             [3, wrappers, "fuzz", 1],
             [3, wrappers, "fuzz", 1, "vllm", {"kv_layout": "NHD"}, None],

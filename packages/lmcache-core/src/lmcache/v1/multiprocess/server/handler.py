@@ -8,6 +8,7 @@ The operations live by family, each a mixin over the shared state of
 * :mod:`.engine_driven` -- ``prepare_*`` / ``commit_*`` (the worker copies), with the
   pending table (:mod:`.pending`) and the inline codec (:mod:`.inline_codec`);
 * :mod:`.lookup` -- lookup sessions and prefetch status;
+* :mod:`.objects` -- named objects (an engine's pages under its own names);
 * :mod:`.admin` -- ``clear``, handshake, stats, status, health.
 
 The wire table (:data:`~lmcache.v1.multiprocess.wire.protocol.RPC_SPECS`) names, for each
@@ -25,6 +26,7 @@ from lmcache.v1.multiprocess.server.engine_driven import EngineDrivenOps
 from lmcache.v1.multiprocess.server.lmcache_driven import LMCacheDrivenOps
 from lmcache.v1.multiprocess.server.lookup import LookupOps
 from lmcache.v1.multiprocess.server.metrics import ServerMetrics
+from lmcache.v1.multiprocess.server.objects import ObjectOps
 from lmcache.v1.multiprocess.server.state import CacheServerSettings
 from lmcache.v1.multiprocess.server.workers import WorkerRegistry
 from lmcache.v1.platform.cache_context import DeviceSpecLookup
@@ -34,7 +36,9 @@ if TYPE_CHECKING:
     from lmcache.v1.multiprocess.server_config import MPServerConfig
 
 
-class MPCacheServer(LMCacheDrivenOps, EngineDrivenOps, AdminOps, WorkerRegistry, LookupOps):
+class MPCacheServer(
+    LMCacheDrivenOps, EngineDrivenOps, AdminOps, WorkerRegistry, LookupOps, ObjectOps
+):
     """The cache server's state: L1/L2 storage, registered workers, pending transfers."""
 
     def __init__(

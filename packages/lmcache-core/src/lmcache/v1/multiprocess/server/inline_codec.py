@@ -122,9 +122,16 @@ class _Pin:
 def pinned_frames(objs: list[MemoryObj], nbytes: int, release: Callable[[], None]) -> list[Any]:
     """Zero-copy frames of the first ``nbytes`` of each object; ``release`` runs when the
     last of them is freed, so the objects cannot be evicted or reused while in flight."""
+    return pinned_sized_frames(objs, [nbytes] * len(objs), release)
+
+
+def pinned_sized_frames(
+    objs: Sequence[MemoryObj], sizes: Sequence[int], release: Callable[[], None]
+) -> list[Any]:
+    """:func:`pinned_frames` with a byte count per object (objects of different sizes)."""
     pin = _Pin(release)
     frames = []
-    for obj in objs:
+    for obj, nbytes in zip(objs, sizes, strict=True):
         raw = obj.raw_tensor
         assert raw is not None
         view = raw[:nbytes].numpy().view(_PinnedView)

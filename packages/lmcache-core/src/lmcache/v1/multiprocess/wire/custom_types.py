@@ -51,7 +51,13 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "MAX_TOKENS",
     "MAX_WORLD_SIZE",
+    "MAX_OBJECT_NAME_LEN",
+    "MAX_OBJECTS",
+    "MAX_SHARD_LEN",
     "Name",
+    "ObjectName",
+    "ObjectNames",
+    "ObjectScope",
     "PrepareRetrieveResponse",
     "PrepareStoreResponse",
     "Rank",
@@ -83,6 +89,12 @@ MAX_HANDLE_BYTES = 64 * 1024  # event handles
 MAX_RECORDS = 1 << 16  # block-allocation records of one report
 MAX_TIMEOUT_S = 3600.0
 MAX_KV_READERS = 1 << 16
+# Named objects (``put_objects`` / ``get_objects`` / ``count_object_prefix``): names of
+# one request (SGLang's HiCache sends at most 128 pages per call), the length of a name
+# (SGLang's are a 64-character SHA-256 hex digest plus a pool suffix) and of a shard.
+MAX_OBJECTS = 4096
+MAX_OBJECT_NAME_LEN = 512
+MAX_SHARD_LEN = 256
 
 Int64 = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 InstanceId = Int64  # a dict key only; upstream and lmcache-core pick random 62-bit ids
@@ -97,6 +109,8 @@ Name = Annotated[str, Meta(max_length=MAX_NAME_LEN)]
 Handle = Annotated[bytes, Meta(max_length=MAX_HANDLE_BYTES)]
 Timeout = Annotated[float, Meta(ge=0.0, le=MAX_TIMEOUT_S)]
 Salt = Annotated[str, Meta(max_length=MAX_CACHE_SALT_LEN)]
+ObjectName = Annotated[str, Meta(min_length=1, max_length=MAX_OBJECT_NAME_LEN)]
+ObjectNames = Annotated[list[ObjectName], Meta(max_length=MAX_OBJECTS)]
 
 
 class EngineType(str, enum.Enum):
@@ -173,6 +187,31 @@ def validate_cache_salt(salt: str) -> None:
     bad = _FORBIDDEN_SALT_CHARS.intersection(salt)
     if bad:
         raise ValueError(f"cache_salt may not contain {sorted(bad)!r}")
+
+
+class ObjectScope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Whose named objects a request acts on: a model's rank, a tenant and a shard.
+
+    Named objects are opaque byte strings stored under a client-chosen name (an engine's
+    page hash), not token chunks: two scopes that differ in any field never see each
+    other's objects.  ``shard`` names whatever else makes the bytes differ (pipeline
+    stage, page layout, dtype: the client's choice); ``cache_salt`` is the tenant, as in
+    chunk keys.
+    """
+
+    model_name: Name
+    world_size: WorldSize
+    worker_id: Rank
+    cache_salt: Salt = ""
+    shard: Annotated[str, Meta(max_length=MAX_SHARD_LEN)] = ""
+
+    def __post_init__(self) -> None:
+        # Raised while decoding, these become the request's ``bad_payload`` reply.
+        validate_cache_salt(self.cache_salt)
+        if self.worker_id >= self.world_size:
+            raise ValueError(
+                f"worker_id {self.worker_id} is not a rank of world size {self.world_size}"
+            )
 
 
 class RegisterEngineDrivenContextPayload(msgspec.Struct):
@@ -296,6 +335,9 @@ class ServerStats(msgspec.Struct):
     # the server restarted and forgot every registration and lookup session.  Optional (an
     # older server sends none, decoded as ""), so adding it breaks no peer.
     server_incarnation: str = ""
+    # Named objects stored and sent (``put_objects`` / ``get_objects``); optional too.
+    stored_objects: int = 0
+    retrieved_objects: int = 0
 
 
 # -- KV events (``subscribe_kv_events``) -------------------------------------------------------

@@ -32,6 +32,7 @@ from msgspec import Meta
 from lmcache.v1.multiprocess.wire.custom_types import (
     MAX_KV_EVENTS_PER_BATCH,
     MAX_LAYERS,
+    MAX_OBJECTS,
     MAX_RECORDS,
     MAX_TOKENS,
     MAX_WORLD_SIZE,
@@ -43,6 +44,8 @@ from lmcache.v1.multiprocess.wire.custom_types import (
     IPCCacheServerKey,
     KVEventBatch,
     Name,
+    ObjectNames,
+    ObjectScope,
     PrefetchProgress,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
@@ -440,6 +443,35 @@ RPC_SPECS: dict[str, RpcSpec] = {
             ),
             KVEventBatch,
             access=Access.READ,
+        ),
+        # Named objects (an engine's pages keyed by its own hashes, e.g. SGLang HiCache):
+        # opaque bytes under a client-chosen name in an ObjectScope, not token chunks.
+        # ``put_objects`` takes one data frame per name and answers, per name, whether it
+        # is stored; ``get_objects`` answers, per name, whether it was found, followed by
+        # one frame per found object; ``count_object_prefix`` answers how many leading
+        # names are stored.
+        RpcSpec(
+            "put_objects",
+            (("scope", ObjectScope), ("names", ObjectNames)),
+            list[bool],
+            pool=Pool.SHARED,
+            bulk_frames=MAX_OBJECTS,
+            access=Access.CALLER,
+        ),
+        RpcSpec(
+            "get_objects",
+            (("scope", ObjectScope), ("names", ObjectNames)),
+            list[bool],
+            pool=Pool.SHARED,
+            bulk_reply=True,
+            access=Access.CALLER,
+        ),
+        RpcSpec(
+            "count_object_prefix",
+            (("scope", ObjectScope), ("names", ObjectNames)),
+            int,
+            pool=Pool.SHARED,
+            access=Access.CALLER,
         ),
         RpcSpec(
             "query_prefetch_progress",

@@ -25,6 +25,7 @@ from lmcache.v1.multiprocess.wire import protocol
 from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.wire.custom_types import (
     IPCCacheServerKey,
+    ObjectScope,
     PrefetchProgress,
     PrepareRetrieveResponse,
     PrepareStoreResponse,
@@ -436,3 +437,30 @@ class MPClient:
         """Chunks done / total of the session's background promotion into L1."""
         result: PrefetchProgress | None = self.call("query_prefetch_progress", request_id)
         return result
+
+    # -- named objects (an engine's pages under its own names, e.g. SGLang HiCache) --------
+
+    def put_objects(
+        self, scope: ObjectScope, names: Sequence[str], data: Sequence[Any]
+    ) -> list[bool]:
+        """Store ``data[i]`` (any buffer, sent zero-copy: unchanged until this returns)
+        under ``names[i]``; per name, whether it is stored."""
+        if len(names) != len(data):
+            raise ValueError(f"{len(names)} names but {len(data)} objects")
+        stored, _ = self.call_bulk("put_objects", scope, list(names), frames=data)
+        return [bool(s) for s in stored]
+
+    def get_objects(self, scope: ObjectScope, names: Sequence[str]) -> list[memoryview | None]:
+        """Per name, its bytes (a writable view of the reply) or None when not stored."""
+        found, frames = self.call_bulk("get_objects", scope, list(names))
+        if len(found) != len(names) or sum(map(bool, found)) != len(frames):
+            raise MPClientError(
+                f"malformed get_objects reply: {len(found)} flags and {len(frames)} frames "
+                f"for {len(names)} names"
+            )
+        it = iter(frames)
+        return [next(it) if hit else None for hit in found]
+
+    def count_object_prefix(self, scope: ObjectScope, names: Sequence[str]) -> int:
+        """How many leading ``names`` are stored."""
+        return int(self.call("count_object_prefix", scope, list(names)))
