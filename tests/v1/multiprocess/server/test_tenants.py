@@ -16,7 +16,7 @@ from mp_server_helpers import make_kv, unlink_kv
 
 from lmcache.v1.multiprocess.server import MPServer
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
-from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ObjectScope
 from lmcache.v1.multiprocess.worker.client import MPClient, ServerError
 from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 
@@ -313,3 +313,29 @@ def test_a_cannot_register_bs_kv_memory(workers: Workers) -> None:
             curve=workers.ring.client("alice"),
         )
     assert b.store(_tokens(PROMPT, 14000), list(range(8)))
+
+
+# -- named objects (HiCache pages) ---------------------------------------------------------
+
+
+def test_named_objects_follow_the_tenant_rules(
+    ring: KeyRing, served: tuple[MPServer, MPCacheServer]
+) -> None:
+    """state._admit_scope: put needs an owned salt, get and count a readable one, the model
+    must be the tenant's, and a scope without a salt is the tenant's default salt."""
+    def scope(salt: str, model: str = "shared-model") -> ObjectScope:
+        return ObjectScope(model, 1, 0, salt, "pages")
+
+    page = bytes(range(64))
+    with _client(ring, served, "bob") as bob, _client(ring, served, "alice") as alice:
+        assert bob.put_objects(scope("b"), ["p1"], [page]) == [True]
+        _forbidden(alice.put_objects, scope("b"), ["p2"], [page])  # plant
+        _forbidden(alice.get_objects, scope("b"), ["p1"])  # read
+        _forbidden(alice.count_object_prefix, scope("b"), ["p1"])  # existence
+        _forbidden(alice.put_objects, scope("a", "model-x"), ["p1"], [page])  # model
+        # Alice without a salt: her default salt, where bob's page does not exist.
+        assert alice.count_object_prefix(scope(""), ["p1"]) == 0
+        assert alice.put_objects(scope(""), ["p1"], [page]) == [True]
+        assert alice.count_object_prefix(scope("a"), ["p1"]) == 1
+        got = bob.get_objects(scope("b"), ["p1"])[0]
+        assert got is not None and bytes(got) == page

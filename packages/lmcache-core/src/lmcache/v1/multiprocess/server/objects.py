@@ -78,11 +78,13 @@ class ObjectOps(ServerCore):
 
     def count_object_prefix(self, scope: ObjectScope, names: list[str]) -> int:
         """How many leading ``names`` are stored (in any tier)."""
+        scope = self._admit_scope(scope, False, "count_object_prefix")
         return self.storage.batched_contains([object_key(scope, n) for n in names])
 
     def get_objects(self, scope: ObjectScope, names: list[str]) -> BulkReply:
         """Per name, whether it was found; then one frame per found object (zero-copy
         views of the stored objects, pinned until sent)."""
+        scope = self._admit_scope(scope, False, "get_objects")
         keys = [object_key(scope, n) for n in names]
         found = self.storage.batched_get_blocking(keys)
         hits: list[MemoryObj] = []
@@ -113,6 +115,7 @@ class ObjectOps(ServerCore):
     ) -> list[bool]:
         """Store one data frame per name; per name, whether it is stored now (False: no
         evictable room in L1 for it)."""
+        scope = self._admit_scope(scope, True, "put_objects")
         if len(frames) != len(names):
             raise ProtocolError(
                 ErrorCode.BAD_PAYLOAD,

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import torch
 
 from lmcache.utils import CacheEngineKey
@@ -36,7 +37,7 @@ from lmcache.v1.multiprocess.server.tenants import Tenant, TenantTable, current_
 from lmcache.v1.multiprocess.server.tiers import EvictionCounter, install_eviction_counters
 from lmcache.v1.multiprocess.wire.chunking import ChunkSpan, plan_chunks, range_block_ids
 from lmcache.v1.multiprocess.wire.curve import CurveServerKeys
-from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ServerStats
+from lmcache.v1.multiprocess.wire.custom_types import IPCCacheServerKey, ObjectScope, ServerStats
 from lmcache.v1.multiprocess.wire.protocol import ErrorCode, ProtocolError
 from lmcache.v1.multiprocess.wire.security import AdminPolicy, HTTPSecurity
 from lmcache.v1.platform import get_device_spec
@@ -204,6 +205,21 @@ class ServerCore:
         if not (tenant.owns(salt) if write else tenant.may_read(salt)):
             raise self._forbid(tenant, operation, f"{'write' if write else 'read'} salt {salt!r}")
         return key if salt == key.cache_salt else dataclasses.replace(key, cache_salt=salt)
+
+    def _admit_scope(self, scope: ObjectScope, write: bool, operation: str) -> ObjectScope:
+        """Named objects under the same rules as keys (:meth:`_admit_key`): the scope's
+        model must be the tenant's and its salt one the tenant owns (``write``) or may read;
+        a scope without a salt gets the tenant's default salt."""
+        tenant = current_tenant()
+        if tenant is None:
+            return scope
+        self._check_model(scope.model_name, operation)
+        salt = tenant.salt_for(scope.cache_salt)
+        if not (tenant.owns(salt) if write else tenant.may_read(salt)):
+            raise self._forbid(tenant, operation, f"{'write' if write else 'read'} salt {salt!r}")
+        return (
+            scope if salt == scope.cache_salt else msgspec.structs.replace(scope, cache_salt=salt)
+        )
 
     def _owns_worker(self, worker: Worker) -> bool:
         tenant = current_tenant()
