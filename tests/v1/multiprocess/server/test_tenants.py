@@ -323,6 +323,7 @@ def test_named_objects_follow_the_tenant_rules(
 ) -> None:
     """state._admit_scope: put needs an owned salt, get and count a readable one, the model
     must be the tenant's, and a scope without a salt is the tenant's default salt."""
+
     def scope(salt: str, model: str = "shared-model") -> ObjectScope:
         return ObjectScope(model, 1, 0, salt, "pages")
 
