@@ -87,6 +87,20 @@ def parse_binding(log_text: str) -> CpuBinding | None:
     )
 
 
+_TORCH_KEEP = re.compile(r"\((\w+) pid=\d+\).*leaving Torch threads at (\d+)")
+_TORCH_CUT = re.compile(r"\((\w+) pid=\d+\).*Reducing Torch threads from \d+ to (\d+)")
+
+
+def torch_threads(log_text: str) -> dict[str, int]:
+    """Torch threads per vLLM process kind (``Worker``, ``EngineCore``) as its log says
+    (vLLM keeps an external ``OMP_NUM_THREADS`` > 1, else cuts serving to 1 thread)."""
+    found: dict[str, int] = {}
+    for pattern in (_TORCH_KEEP, _TORCH_CUT):
+        for kind, threads in pattern.findall(log_text):
+            found[kind] = int(threads)
+    return found
+
+
 def require_same_binding(bindings: dict[str, CpuBinding | None]) -> CpuBinding:
     """The one binding all ``bindings`` (child name -> parsed binding) share.
 
