@@ -381,9 +381,19 @@ def main() -> int:
     )
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--plot", metavar="PNG")
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the --size model under --workdir, print its folder and exit (for "
+        "lmcache bench serving --model)",
+    )
     args = parser.parse_args()
     if args.child:
         return child(args.child)
+    if args.build_only:
+        folder = Path(args.workdir or tempfile.mkdtemp(prefix="lmcache-ttft-"))
+        print(build_model(folder / f"model-{args.size}", args.size))
+        return 0
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     args.lengths = sorted(int(x) for x in args.lengths.split(",") if x)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def test_chat_histories_grow_and_share_the_system_prompt() -> None:
     system = work.sessions[0][0].prompt[: SHAPE.system_tokens]
     for turns in work.sessions:
         assert turns[0].prompt[: SHAPE.system_tokens] == system
-        for prev, nxt in zip(turns, turns[1:]):
+        for prev, nxt in itertools.pairwise(turns):
             # The next turn is the previous prompt + an answer + a new question.
             assert nxt.prompt[: len(prev.prompt)] == prev.prompt
             assert len(nxt.prompt) == len(prev.prompt) + SHAPE.output_tokens + SHAPE.question_tokens
@@ -58,7 +59,7 @@ def test_kv_blocks_follow_the_ratio_down_to_the_longest_request() -> None:
     work = wl.Workload("w", [[wl.Request(tuple(range(100)), 4)]], working_set_tokens=3200)
     assert wl.kv_blocks(work, 1, 32, 4) == 100
     assert wl.kv_blocks(work, 4, 32, 4) == 25
-    # 100 tokens of prompt + 4 of output need 4 blocks, plus one spare.
+    # 100 tokens of prompt + 4 of output need 4 blocks, plus vLLM's null block.
     assert wl.kv_blocks(work, 1000, 32, 4) == 5
     with pytest.raises(ValueError, match="> 0"):
         wl.kv_blocks(work, 0, 32, 4)
@@ -99,7 +100,7 @@ def test_compare_against_prefix_and_upstream() -> None:
                 "request_throughput": thr}  # fmt: skip
 
     rows = [row("prefix", 900, 1.0), row("engine_driven", 300, 1.5), row("upstream", 600, 1.2)]
-    [prefix, ours, upstream] = serving.compare(rows)
+    [prefix, ours, _upstream] = serving.compare(rows)
     assert "ttft_p50_speedup_vs_prefix" not in prefix
     assert ours["ttft_p50_speedup_vs_prefix"] == 3.0 and ours["throughput_vs_prefix"] == 1.5
     assert ours["ttft_p50_speedup_vs_upstream"] == 2.0 and ours["throughput_vs_upstream"] == 1.25
@@ -149,7 +150,7 @@ def test_bad_arguments_fail_before_starting_anything(
 
 def test_a_model_without_config_json_is_refused(tmp_path: Path) -> None:
     args = _args(tmp_path, model=str(tmp_path / "missing"))
-    with pytest.raises(SystemExit, match="no config.json"):
+    with pytest.raises(SystemExit, match=r"no config\.json"):
         serving.run(args)
 
 

@@ -125,12 +125,18 @@ def build(name: str, shape: Shape, vocab: int, seed: int = 0) -> Workload:
 
 def kv_blocks(workload: Workload, ratio: float, block_size: int, output_tokens: int) -> int:
     """vLLM KV blocks for a cache ``ratio`` times smaller than the working set, but never
-    fewer than the longest request needs (vLLM refuses to start below that)."""
+    fewer than the longest request needs plus vLLM's reserved null block (vLLM refuses to
+    start below that)."""
     if ratio <= 0:
         raise ValueError(f"working-set/KV ratio must be > 0, got {ratio}")
     wanted = math.ceil(workload.working_set_tokens / ratio / block_size)
-    floor = math.ceil((workload.longest_prompt + output_tokens) / block_size) + 1
+    floor = math.ceil(max_model_len(workload, output_tokens) / block_size) + 1
     return max(wanted, floor)
+
+
+def max_model_len(workload: Workload, output_tokens: int) -> int:
+    """The longest request's prompt plus its output."""
+    return workload.longest_prompt + output_tokens
 
 
 @dataclass

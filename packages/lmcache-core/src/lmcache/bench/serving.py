@@ -84,30 +84,35 @@ QUICK_SHAPE = wl.Shape(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="local checkpoint folder for vllm serve")
-    parser.add_argument("--workdir", default=None, help="logs and scratch (default: a temp dir)")
-    parser.add_argument("--configs", default="prefix,engine_driven,lmcache_driven,lazy")
-    parser.add_argument("--workloads", default="chat,docqa,noreuse")
-    parser.add_argument("--kv-ratios", default="1,2,4", help="working set / vLLM KV cache")
-    parser.add_argument("--users", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=4, help="chat turns per user")
-    parser.add_argument("--system-tokens", type=int, default=1024)
-    parser.add_argument("--question-tokens", type=int, default=64)
-    parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--docs", type=int, default=4)
-    parser.add_argument("--doc-tokens", type=int, default=2048)
-    parser.add_argument("--questions", type=int, default=8, help="questions per document")
-    parser.add_argument("--block-size", type=int, default=32, help="vLLM block size")
-    parser.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size")
-    parser.add_argument("--l1-gb", type=float, default=4.0, help="LMCache server L1 size")
-    parser.add_argument("--cpus", default=None, help="VLLM_CPU_OMP_THREADS_BIND for vLLM")
-    parser.add_argument("--reserved-cpus", type=int, default=0)
-    parser.add_argument("--upstream-python", default=None, help="python of an upstream venv")
-    parser.add_argument("--startup-timeout", type=float, default=900.0)
-    parser.add_argument("--request-timeout", type=float, default=1800.0)
-    parser.add_argument(
-        "--quick", action="store_true", help="a seconds-long smoke: tiny shapes, ratio 2"
-    )
+    add = parser.add_argument
+    add("--model", required=True, help="local checkpoint folder vllm serve loads")
+    add("--workdir", default=None, help="logs and scratch (default: a new temp folder)")
+    add("--configs", default="prefix,engine_driven,lmcache_driven,lazy",
+        help=f"comma-separated, from {', '.join(CONFIGS)}")  # fmt: skip
+    add("--workloads", default="chat,docqa,noreuse",
+        help=f"comma-separated, from {', '.join(wl.WORKLOADS)}")  # fmt: skip
+    add("--kv-ratios", default="1,2,4",
+        help="working set / vLLM KV cache size, comma-separated (--quick: 2)")  # fmt: skip
+    add("--users", type=int, default=8, help="concurrent users")
+    add("--rounds", type=int, default=4, help="chat turns per user (and noreuse requests)")
+    add("--system-tokens", type=int, default=1024, help="chat: shared system prompt")
+    add("--question-tokens", type=int, default=64, help="tokens per question / chat turn")
+    add("--output-tokens", type=int, default=32, help="generated tokens per request")
+    add("--docs", type=int, default=4, help="docqa: documents")
+    add("--doc-tokens", type=int, default=2048, help="docqa: tokens per document")
+    add("--questions", type=int, default=8, help="docqa: questions per document")
+    add("--block-size", type=int, default=32, help="vLLM block size")
+    add("--chunk-size", type=int, default=256, help="LMCache chunk size (server and connector)")
+    add("--l1-gb", type=float, default=4.0, help="L1 size of each LMCache server")
+    add("--cpus", default=None,
+        help="VLLM_CPU_OMP_THREADS_BIND of every vLLM (default: all our CPUs)")  # fmt: skip
+    add("--reserved-cpus", type=int, default=0, help="VLLM_CPU_NUM_OF_RESERVED_CPU (default 0)")
+    add("--upstream-python", default=None,
+        help="python of a venv with vllm-cpu and lmcache==0.5.6 (the upstream config)")  # fmt: skip
+    add("--startup-timeout", type=float, default=900.0, help="seconds for vLLM to come up")
+    add("--request-timeout", type=float, default=1800.0, help="seconds per request")
+    add("--quick", action="store_true",
+        help="a smoke run: 2 users, 2 rounds, 128-token prompts, ratio 2")  # fmt: skip
     add_output_arguments(parser)
 
 
@@ -330,6 +335,10 @@ class Cell:
         self.child_env = child_env
         self.vocab = vocab
 
+    @staticmethod
+    def output_tokens(workload: wl.Workload) -> int:
+        return max(r.max_tokens for s in workload.sessions for r in s)
+
     def run(
         self, config: str, workload: wl.Workload, ratio: float, blocks: int, tag: str
     ) -> tuple[dict[str, Any], CpuBinding | None]:
@@ -347,13 +356,10 @@ class Cell:
                 server = _spawn(_server_cmd(args, config, cache_port), log, env)
                 procs.append(server)
                 _wait_port(cache_port, server, log, args.startup_timeout)
-            max_len = workload.longest_prompt + max(
-                r.max_tokens for s in workload.sessions for r in s
-            )
+            max_len = wl.max_model_len(workload, self.output_tokens(workload))
             cmd = _vllm_cmd(
-                args, config, http_port, cache_port, blocks, max_len + args.block_size,
-                len(workload.sessions),
-            )  # fmt: skip
+                args, config, http_port, cache_port, blocks, max_len, len(workload.sessions)
+            )
             vllm = _spawn(cmd, vllm_log, env)
             procs.append(vllm)
             base = f"http://127.0.0.1:{http_port}"
