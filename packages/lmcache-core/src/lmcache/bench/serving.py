@@ -510,6 +510,8 @@ def plot(path: str, rows: list[dict[str, Any]], subtitle: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_matplotlib()  # fail before the first vLLM starts, not after the run
     configs = _names(args.configs, CONFIGS, "configuration")
     workloads = _names(args.workloads, wl.WORKLOADS, "workload")
     ratios = [float(x) for x in args.kv_ratios.split(",") if x.strip()]
