@@ -396,6 +396,11 @@ def main() -> int:
         return 0
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.plot:
+        try:  # fail now, not after an hour of measuring
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib (pip install matplotlib)")
     args.lengths = sorted(int(x) for x in args.lengths.split(",") if x)
     try:
         CHILD_ENV.update(binding_env(args.cpus, args.reserved_cpus))
