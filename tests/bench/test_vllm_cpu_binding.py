@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -156,3 +158,29 @@ def test_ttft_bench_refuses_unequal_children(
     doc = json.loads(out.read_text())
     assert doc["results"] == [] and "different CPU bindings" in doc["refused"]
     assert doc["conditions"]["start"]["load_average"] is not None
+
+
+def test_ttft_children_get_the_explicit_binding_and_their_log_is_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_child starts each vLLM child with CHILD_ENV and records the binding it logged."""
+    ttft = _ttft_module()
+    seen: dict[str, str] = {}
+
+    class FakeChild:
+        def __init__(self, cmd: list[str], stdout: Any, stderr: Any, env: dict[str, str]):
+            seen.update(env)
+            stdout.write(_log(env[BIND_ENV], 0, [[0, 1]], []).encode())
+            spec = json.loads(Path(cmd[-1]).read_text())
+            Path(spec["out"]).write_text('[{"length": 8, "case": "none", "ttft_s": 1, "token": 3}]')
+
+        def wait(self, timeout: float) -> int:
+            return 0
+
+    monkeypatch.setattr(ttft.subprocess, "Popen", FakeChild)
+    monkeypatch.setattr(ttft, "CHILD_ENV", binding_env("0-1", 0))
+    monkeypatch.setattr(ttft, "BINDINGS", {})
+    rows = ttft.run_child(tmp_path, "none-r0", {"lengths": [8]})
+    assert seen[BIND_ENV] == "0-1" and seen[RESERVED_ENV] == "0"
+    assert rows[0]["child"] == "none-r0"
+    assert {"none-r0": CpuBinding("0-1", ((0, 1),), (), (2,))} == ttft.BINDINGS
