@@ -75,6 +75,8 @@ def test_summarize_percentiles_and_throughput() -> None:
     assert row["requests"] == 6 and row["errors"] == 1
     assert row["ttft_p50_ms"] == 30.0 and row["ttft_p90_ms"] == 46.0
     assert row["itl_p50_ms"] == 15.0
+    # (latency 1.0 - ttft 0.03) / 2 further tokens, at the median request.
+    assert row["tpot_p50_ms"] == 485.0
     assert row["request_throughput"] == 2.5 and row["output_throughput"] == 7.5
     assert row["total_token_throughput"] == 32.5
     assert wl.percentile([], 50) != wl.percentile([], 50)  # nan

@@ -153,8 +153,6 @@ def test_ttft_bench_refuses_unequal_children(
          "--modes", "engine_driven", "--repeats", "1", "--json", str(out)],
     )  # fmt: skip
     assert ttft.main() == 2
-    import json
-
     doc = json.loads(out.read_text())
     assert doc["results"] == [] and "different CPU bindings" in doc["refused"]
     assert doc["conditions"]["start"]["load_average"] is not None

@@ -184,5 +184,9 @@ def summarize(replies: Sequence[Reply], wall_s: float) -> dict[str, Any]:
         row[f"ttft_p{q}_ms"] = round(1000 * percentile(ttft, q), 2)
     for q in (50, 90, 99):
         row[f"itl_p{q}_ms"] = round(1000 * percentile(itl, q), 2)
+    # Time per output token after the first, per request: unlike the gaps between streamed
+    # chunks it does not shrink when the server or the network coalesces chunks.
+    tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    row["tpot_p50_ms"] = round(1000 * percentile(tpot, 50), 2)
     row["ttft_mean_ms"] = round(1000 * statistics.fmean(ttft), 2) if ttft else float("nan")
     return row

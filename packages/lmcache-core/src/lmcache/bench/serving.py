@@ -455,7 +455,7 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_table(rows: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -> None:
     head = [
-        "workload", "ratio", "config", "ttft p50/p90/p99 ms", "itl p50 ms", "req/s",
+        "workload", "ratio", "config", "ttft p50/p90/p99 ms", "itl/tpot p50 ms", "req/s",
         "out tok/s", "prefix hit", "lmcache hit", "vs prefix: ttft x / thr x",
     ]  # fmt: skip
     print("| " + " | ".join(head) + " |")
@@ -469,7 +469,7 @@ def print_table(rows: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -
         cells = [
             row["workload"], str(row["kv_ratio"]), row["config"],
             f"{row['ttft_p50_ms']}/{row['ttft_p90_ms']}/{row['ttft_p99_ms']}",
-            str(row["itl_p50_ms"]), str(row["request_throughput"]),
+            f"{row['itl_p50_ms']}/{row['tpot_p50_ms']}", str(row["request_throughput"]),
             str(row["output_throughput"]), str(row["prefix_hit_rate"]),
             str(row["lmcache_hit_rate"]), vs,
         ]  # fmt: skip
