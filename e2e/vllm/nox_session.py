@@ -47,6 +47,8 @@ def run(session: Any, core_wheel: str | None = None) -> None:
         "-m",
         "vllm",
         "tests/integration/vllm",
+        # `lmcache bench serving --quick` on the tiny model, so the benchmark cannot rot.
+        "tests/bench/test_bench_serving_vllm.py",
         env=env,
     )
     session.run(
