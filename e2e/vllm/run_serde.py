@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ def main() -> int:
     model = str(build(workdir / "tiny-llama"))
     prompt = " ".join(LONG_PROMPT_WORDS)
     l2_dir = workdir / "l2-serde"
+    shutil.rmtree(l2_dir, ignore_errors=True)  # a rerun must store again, not hit old chunks
     adapter = json.dumps(
         {"type": "disk", "path": str(l2_dir), "size_gb": 1, "serde": json.loads(args.serde)}
     )
