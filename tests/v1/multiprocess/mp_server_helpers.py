@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from lmcache.v1.multiprocess.server import MPServer, build_cache_server
+from lmcache.v1.multiprocess.server.handler import MPCacheServer
+from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire.curve import CurveClientKeys
 from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableError
 
@@ -167,3 +174,29 @@ class Stored:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def in_process_server(**config: Any) -> Iterator[tuple[MPServer, MPCacheServer]]:
+    """A server built in this process (its loop on a thread) from ``config``'s
+    ``MPServerConfig`` fields over small defaults: a free port, a 2 MiB L1 in a fresh
+    shared-memory segment, no HTTP or metrics ports.  Stopped and closed on exit."""
+    fields: dict[str, Any] = {
+        "port": free_port(),
+        "chunk_size": CHUNK_SIZE,
+        "l1_size_gb": 2 / 1024,
+        "shm_name": f"lmc-test-{uuid.uuid4().hex[:8]}",
+        "http_port": 0,
+        "prometheus_port": 0,
+    }
+    settings = MPServerConfig(**(fields | config))
+    engine = build_cache_server(settings)
+    server = MPServer(settings, engine)
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
+    try:
+        yield server, engine
+    finally:
+        server.request_stop()
+        loop.join(15)
+        server.close()  # serve_forever only drains: the sockets, context and tiers end here

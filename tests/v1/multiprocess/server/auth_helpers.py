@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import zmq
-from mp_server_helpers import free_port
+from mp_server_helpers import in_process_server
 
-from lmcache.v1.multiprocess.server import MPServer, build_cache_server
-from lmcache.v1.multiprocess.server.handler import MPCacheServer
-from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire import protocol
 from lmcache.v1.multiprocess.wire.curve import CurveClientKeys, write_key_pair
 
@@ -55,29 +48,11 @@ def make_keyring(root: Path, names: tuple[str, ...] = ("alice", "bob")) -> KeyRi
     return KeyRing(root, server_secret, server_public, authorized, clients, outsider)
 
 
-@contextlib.contextmanager
-def serve(**overrides: Any) -> Iterator[tuple[MPServer, MPCacheServer]]:
-    """An in-process server (loop on a thread) with ``overrides`` of its config."""
-    fields: dict[str, Any] = {
-        "port": free_port(),
-        "chunk_size": CHUNK,
-        "l1_size_gb": 2 / 1024,
-        "shm_name": f"lmc-auth-{uuid.uuid4().hex[:8]}",
-        "http_port": 0,
-        "prometheus_port": 0,
-        "l2_prefetch_max_in_flight": 0,
-    }
-    config = MPServerConfig(**(fields | overrides))
-    engine = build_cache_server(config)
-    server = MPServer(config, engine)
-    loop = threading.Thread(target=server.serve_forever, daemon=True)
-    loop.start()
-    try:
-        yield server, engine
-    finally:
-        server.request_stop()
-        loop.join(15)
-        server.close()
+def serve(**overrides: Any) -> Any:
+    """An in-process server with ``overrides`` of its config (chunks of ``CHUNK`` tokens,
+    no prefetch)."""
+    fields = {"chunk_size": CHUNK, "l2_prefetch_max_in_flight": 0}
+    return in_process_server(**(fields | overrides))
 
 
 def keyed(ring: KeyRing, **overrides: Any) -> Any:

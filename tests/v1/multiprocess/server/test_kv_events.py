@@ -12,13 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mp_server_helpers import free_port, make_kv, unlink_kv
+from mp_server_helpers import in_process_server, make_kv, unlink_kv
 
 from lmcache.utils import chunk_hashes
-from lmcache.v1.multiprocess.server import MPServer, build_cache_server
+from lmcache.v1.multiprocess.server import MPServer
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
 from lmcache.v1.multiprocess.server.kv_events import KVEventLog, hash_bytes
-from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.wire.chunking import plan_chunks
 from lmcache.v1.multiprocess.wire.custom_types import (
     KV_EVENT_CAPABILITY,
@@ -78,27 +77,11 @@ class Subscriber:
 
 
 @pytest.fixture
-def served(tmp_path: Any) -> Iterator[tuple[MPServer, MPCacheServer]]:
-    config = MPServerConfig(
-        port=free_port(),
-        chunk_size=CHUNK,
-        l1_size_gb=L1_GB,
-        max_workers=2,
-        enable_admin_ops=True,
-        shm_name=f"lmc-ev-{uuid.uuid4().hex[:8]}",
-        http_port=0,
-        prometheus_port=0,
-    )
-    engine = build_cache_server(config)
-    server = MPServer(config, engine)
-    loop = threading.Thread(target=server.serve_forever, daemon=True)
-    loop.start()
-    try:
-        yield server, engine
-    finally:
-        server.request_stop()
-        loop.join(15)
-        server.close()  # serve_forever only drains: the sockets, context and tiers end here
+def served() -> Iterator[tuple[MPServer, MPCacheServer]]:
+    with in_process_server(
+        chunk_size=CHUNK, l1_size_gb=L1_GB, max_workers=2, enable_admin_ops=True
+    ) as pair:
+        yield pair
 
 
 def _l1_hashes(engine: MPCacheServer, model_name: str) -> set[bytes]:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from mp_server_helpers import free_port, make_kv, unlink_kv
+from mp_server_helpers import in_process_server, make_kv, unlink_kv
 
-from lmcache.v1.multiprocess.server import MPServer, build_cache_server
+from lmcache.v1.multiprocess.server import MPServer
 from lmcache.v1.multiprocess.server.handler import MPCacheServer
-from lmcache.v1.multiprocess.server_config import MPServerConfig
 from lmcache.v1.multiprocess.worker.kv_cache_worker import KVCacheWorker
 from lmcache.v1.storage_backend.cache_salt import salt_of
 
@@ -21,24 +18,8 @@ GEO = {"num_layers": 2, "num_heads": 2, "head_size": 16, "num_blocks": 16, "bloc
 
 @pytest.fixture
 def served() -> Iterator[tuple[MPServer, MPCacheServer]]:
-    config = MPServerConfig(
-        port=free_port(),
-        chunk_size=CHUNK,
-        l1_size_gb=2 / 1024,
-        shm_name=f"lmc-salt-{uuid.uuid4().hex[:8]}",
-        http_port=0,
-        prometheus_port=0,
-    )
-    engine = build_cache_server(config)
-    server = MPServer(config, engine)
-    loop = threading.Thread(target=server.serve_forever, daemon=True)
-    loop.start()
-    try:
-        yield server, engine
-    finally:
-        server.request_stop()
-        loop.join(15)
-        server.close()
+    with in_process_server(chunk_size=CHUNK) as pair:
+        yield pair
 
 
 def test_each_stored_chunk_knows_its_salt(served: tuple[MPServer, MPCacheServer]) -> None:

@@ -392,16 +392,7 @@ class LMCacheHiCacheStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        pool = self._kv_pool()
-        if pool is None:
-            logger.error("LMCacheHiCacheStorage: batch_get_v1 before register_mem_pool_host")
-            return [False] * len(keys)
-        try:
-            indices = self._page_indices(pool, keys, host_indices)
-        except ValueError as exc:
-            logger.error("LMCacheHiCacheStorage: batch_get_v1: %s", exc)
-            return [False] * len(keys)
-        return self._write_pages(pool, keys, indices)
+        return self._zero_copy("batch_get_v1", keys, host_indices, self._write_pages)
 
     def batch_set_v1(
         self,
@@ -409,16 +400,27 @@ class LMCacheHiCacheStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
+        return self._zero_copy("batch_set_v1", keys, host_indices, self._read_pages)
+
+    def _zero_copy(
+        self,
+        method: str,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        move: Callable[[_Pool, Sequence[str], Sequence[int]], list[bool]],
+    ) -> list[bool]:
+        """A v1 call: ``move`` the pages of ``keys`` between the registered host pool
+        (at ``host_indices``) and the server; every failure is a per-page False."""
         pool = self._kv_pool()
         if pool is None:
-            logger.error("LMCacheHiCacheStorage: batch_set_v1 before register_mem_pool_host")
+            logger.error("LMCacheHiCacheStorage: %s before register_mem_pool_host", method)
             return [False] * len(keys)
         try:
             indices = self._page_indices(pool, keys, host_indices)
         except ValueError as exc:
-            logger.error("LMCacheHiCacheStorage: batch_set_v1: %s", exc)
+            logger.error("LMCacheHiCacheStorage: %s: %s", method, exc)
             return [False] * len(keys)
-        return self._read_pages(pool, keys, indices)
+        return move(pool, keys, indices)
 
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
