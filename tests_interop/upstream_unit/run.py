@@ -361,18 +361,10 @@ IGNORED: dict[str, str] = {
         "lmcache.v1.multiprocess.transport",
         "lmcache.v1.multiprocess.modules.blend.BlendModule",
     ),
-    "tests/v1/distributed/test_arc_eviction_policy.py": "imports, at module level, "
-    "upstream's storage-manager CLI parser (lmcache.v1.distributed.config: "
-    "add_storage_manager_args, parse_args_to_config, EvictionConfig) and the L2 adapters' "
-    "(lmcache.v1.distributed.l2_adapters.config), which this branch does not provide; its "
-    "12 ARC behaviour tests pass against ARCEvictionPolicy when only those two imports are "
-    "stubbed, and tests/v1/storage_backend/test_eviction_policies.py covers ARC on the tiers",
     "tests/v1/distributed/test_cache_salt_l2_eviction.py": _needs(
-        "lmcache.v1.distributed.l2_adapters.mock_l2_adapter",
         "lmcache.v1.distributed.storage_controllers.eviction_controller (upstream's periodic "
         "L2 eviction controller; our tiers evict by quota when they need room, "
         "tests/v1/storage_backend/test_eviction_policies.py)",
-        "lmcache.v1.distributed.config",
     ),
     "tests/v1/gpu_connector/gds_backends": "upstream's GPUDirect Storage file backends "
     "(cuFile, hipFile, ...), which neither lmcache-core nor a plugin wheel ships",

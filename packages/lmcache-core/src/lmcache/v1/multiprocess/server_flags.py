@@ -116,6 +116,18 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "at once (retryable) and its memory is released. Requests of 64 KiB or less are "
         "exempt. See 'Request memory' in docs/operations.md.",
     )
+    add_storage_args(parser)
+    add_storage_manager_args(parser)
+    add_runtime_plugin_args(parser)
+    add_admin_args(parser)
+    add_auth_args(parser)
+    add_http_frontend_args(parser)
+    add_observability_args(parser)
+    return parser
+
+
+def add_storage_args(parser: argparse.ArgumentParser) -> None:
+    """The storage tiers: L1 size and policy, the disk tier, L2 adapters, prefetch."""
     storage = parser.add_argument_group("Storage")
     storage.add_argument(
         "--l1-size-gb",
@@ -187,13 +199,6 @@ def add_mp_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
             '"mock", "fault_inject".'
         ),
     )
-    add_storage_manager_args(parser)
-    add_runtime_plugin_args(parser)
-    add_admin_args(parser)
-    add_auth_args(parser)
-    add_http_frontend_args(parser)
-    add_observability_args(parser)
-    return parser
 
 
 def add_storage_manager_args(parser: argparse.ArgumentParser) -> None:
