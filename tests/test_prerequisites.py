@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_every_test_that_needs_vllm_carries_the_vllm_marker() -> None:
         for path in sorted(root.rglob("test_*.py"))
         if path != Path(__file__)
         and any(needle in path.read_text() for needle in needs_vllm)
-        and "pytestmark = pytest.mark.vllm" not in path.read_text()
+        and not _module_marked(path, "vllm")
     ]
     assert len(list(root.rglob("test_server_restart.py"))) == 1
     assert unmarked == []
@@ -97,6 +98,21 @@ def test_every_test_that_needs_sglang_carries_the_sglang_marker() -> None:
         for path in sorted(root.rglob("test_*.py"))
         if path != Path(__file__)
         and 'required_env="LMCACHE_TEST_REQUIRE_SGLANG"' in path.read_text()
-        and "pytestmark = pytest.mark.sglang" not in path.read_text()
+        and not _module_marked(path, "sglang")
     ]
     assert unmarked == []
+
+
+def _module_marked(path: Path, marker: str) -> bool:
+    """``pytestmark = pytest.mark.<marker>``, alone or in a list of marks."""
+    pattern = rf"^pytestmark = (\[[^\]]*)?pytest\.mark\.{marker}\b"
+    return re.search(pattern, path.read_text(), flags=re.M) is not None
+
+
+def test_a_marker_in_a_list_of_marks_counts(tmp_path: Path) -> None:
+    alone, listed, other = (tmp_path / f"{n}.py" for n in ("alone", "listed", "other"))
+    alone.write_text("pytestmark = pytest.mark.vllm\n")
+    listed.write_text("pytestmark = [pytest.mark.timeout(9), pytest.mark.vllm]\n")
+    other.write_text("pytestmark = [pytest.mark.sglang]\n# pytest.mark.vllm\n")
+    assert _module_marked(alone, "vllm") and _module_marked(listed, "vllm")
+    assert not _module_marked(other, "vllm")
