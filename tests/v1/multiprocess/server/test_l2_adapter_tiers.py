@@ -70,11 +70,15 @@ class _Engine:
             sub_path="shm",
         )
 
-    def flood_l1(self) -> None:
-        """Store other prefixes until the first one's chunks are out of L1."""
+    def flood_l1(self, stats: Path) -> None:
+        """Store other prefixes until the first one's chunks are out of L1, then wait until
+        the adapter holds them all: chunks still queued for the adapter keep their L1 memory
+        (under load that can leave no room to read a chunk back: a miss without a load)."""
         for i in range(FLOOD_PREFIXES):
             start = 10_000 + i * len(TOKENS)
             assert self.worker.store(list(range(start, start + len(TOKENS))), BLOCKS)
+        every_chunk = (FLOOD_PREFIXES + 1) * len(TOKENS) // CHUNK_SIZE
+        assert _wait_for(lambda: _stats(stats).get("stored", 0) >= every_chunk), _stats(stats)
 
     def retrieve_is_bit_exact(self) -> bool:
         for layer in self.kv:
@@ -112,7 +116,7 @@ def test_third_party_adapter_serves_chunks_evicted_from_l1(tmp_path: Path) -> No
     try:
         assert engine.worker.store(TOKENS, BLOCKS)
         assert _wait_for(lambda: _stats(stats).get("stored", 0) >= 3), server.log()
-        engine.flood_l1()
+        engine.flood_l1(stats)
         loaded_before = _stats(stats).get("loaded", 0)
         assert engine.worker.lookup(TOKENS) == len(TOKENS)
         assert engine.retrieve_is_bit_exact()
@@ -134,7 +138,7 @@ def test_fault_injected_l2_reads_are_misses_not_errors(tmp_path: Path) -> None:
     try:
         assert engine.worker.store(TOKENS, BLOCKS)
         assert _wait_for(lambda: _stats(stats).get("stored", 0) >= 3), server.log()
-        engine.flood_l1()
+        engine.flood_l1(stats)
         # Every L2 load fails: a miss, reported as one, with no error to the engine.
         assert not engine.retrieve_is_bit_exact()
         assert _stats(stats).get("loaded", 0) >= 1  # the adapter did serve; the faults hid it
