@@ -18,11 +18,12 @@ from lmcache.v1.multiprocess.worker.client import MPClient, ServerUnavailableErr
 
 
 class SmallServers:
-    """``lmcache server`` processes (64 MiB L1, no HTTP/metrics ports) on free local ports;
-    calling it starts one with extra flags and returns its URL once it answers."""
+    """``lmcache server`` processes (64 MiB L1 by default, no HTTP/metrics ports) on free
+    local ports; calling it starts one with extra flags and returns its URL once it answers."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, l1_size_gb: float = 0.0625) -> None:
         self.log_dir = log_dir
+        self.l1_size_gb = l1_size_gb
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def __call__(
@@ -37,7 +38,7 @@ class SmallServers:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lmcache.cli.main", "server", "--port",
-                 url.rsplit(":", 1)[1], "--l1-size-gb", "0.0625", "--http-port", "0",
+                 url.rsplit(":", 1)[1], "--l1-size-gb", str(self.l1_size_gb), "--http-port", "0",
                  "--prometheus-port", "0", *extra],
                 stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip

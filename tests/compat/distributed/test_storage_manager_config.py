@@ -30,6 +30,7 @@ def test_upstream_storage_command_line_reads_as_upstreams_config() -> None:
     assert config.store_policy == "skip_l1" and config.prefetch_policy == "default"
     assert config.l1_settings.use_lazy is False
     assert config.l1_settings.eviction_trigger_watermark == 0.9
+    assert config.l1_settings.eviction_ratio == 0.1
     assert [type(a).__name__ for a in config.l2_adapter_config.adapters] == ["MockL2AdapterConfig"]
 
 

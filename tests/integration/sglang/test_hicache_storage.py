@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from prerequisites import require_module
+from small_servers import SmallServers
 
 require_module(
     "sglang.srt.mem_cache.storage.backend_factory",
@@ -48,7 +47,6 @@ from lmcache.integration.sglang.hicache_storage import (  # noqa: E402
 )
 from lmcache.v1.multiprocess.worker.client import (  # noqa: E402
     MPClient,
-    ServerUnavailableError,
     free_url,
 )
 
@@ -65,48 +63,15 @@ LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 # -- a real server -----------------------------------------------------------------------------
 
 
-class Servers:
-    """``lmcache server`` processes (16 MiB L1, no HTTP/metrics ports) on local ports."""
+class Servers(SmallServers):
+    """``lmcache server`` processes with a 16 MiB L1 outside shared memory."""
 
     def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        super().__init__(log_dir, l1_size_gb=0.015625)
 
     def start(self, url: str | None = None) -> str:
-        url = url or free_url()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_MP_")}
-        env.pop("LMCACHE_ADMIN_TOKEN", None)
-        log_path = self.log_dir / f"server-{len(self.procs)}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "lmcache.cli.main", "server", "--port",
-                 url.rsplit(":", 1)[1], "--l1-size-gb", "0.015625", "--http-port", "0",
-                 "--prometheus-port", "0", "--shm-name", ""],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
-        self.procs[url] = proc
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text(errors="replace")
-            try:
-                MPClient(url, timeout=2, connect_timeout=0.5).close()
-                return url
-            except ServerUnavailableError:
-                assert time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.1)
-
-    def kill(self, url: str) -> None:
-        proc = self.procs.pop(url)
-        proc.kill()
-        proc.wait(15)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        """A server at ``url`` (a restart of a killed one) or on a free port."""
+        return self("--shm-name", "", url=url)
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,23 @@ _DEFAULT_L1_CAP_GB = 1.0
 _DEFAULT_L1_FREE_FRACTION = 0.25
 
 
+def l1_settings_from_flags(values: Any) -> L1Settings:
+    """:class:`L1Settings` from upstream's storage-manager flag values, read by their
+    destinations (``eviction_trigger_watermark``, ``l1_read_ttl_seconds``, ...): parsed
+    arguments or an :class:`MPServerConfig` alike."""
+    return L1Settings(
+        eviction_trigger_watermark=values.eviction_trigger_watermark,
+        eviction_ratio=values.eviction_ratio,
+        read_ttl_seconds=float(values.l1_read_ttl_seconds),
+        write_ttl_seconds=float(values.l1_write_ttl_seconds),
+        use_lazy=values.l1_use_lazy,
+        init_size_gb=values.l1_init_size_gb,
+        align_bytes=values.l1_align_bytes,
+        use_hugepages=values.l1_use_hugepages,
+        notifier_interval_ms=values.periodic_notifier_interval_ms,
+    )
+
+
 @dataclasses.dataclass
 class MPServerConfig:
     host: str = "127.0.0.1"
@@ -278,17 +295,7 @@ class MPServerConfig:
 
     def l1_settings(self) -> L1Settings:
         """How L1 manages its memory (upstream's storage-manager flags)."""
-        return L1Settings(
-            eviction_trigger_watermark=self.eviction_trigger_watermark,
-            eviction_ratio=self.eviction_ratio,
-            read_ttl_seconds=float(self.l1_read_ttl_seconds),
-            write_ttl_seconds=float(self.l1_write_ttl_seconds),
-            use_lazy=self.l1_use_lazy,
-            init_size_gb=self.l1_init_size_gb,
-            align_bytes=self.l1_align_bytes,
-            use_hugepages=self.l1_use_hugepages,
-            notifier_interval_ms=self.periodic_notifier_interval_ms,
-        )
+        return l1_settings_from_flags(self)
 
     def prepared_store_ttl_seconds(self) -> float:
         """A prepared store holds its L1 memory at most this long: the earlier of

@@ -15,6 +15,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from lmcache.v1.multiprocess.config_file import track_explicit_flags
+from lmcache.v1.multiprocess.server_config import l1_settings_from_flags
 from lmcache.v1.multiprocess.server_flags import add_storage_args
 from lmcache.v1.multiprocess.server_flags import add_storage_manager_args as _add_manager_args
 from lmcache.v1.storage_backend.l1_settings import L1Settings
@@ -70,17 +71,7 @@ def parse_args_to_config(args: argparse.Namespace) -> StorageManagerConfig:
         bool(getattr(args, "enable_extra_logging", False)),
         float(getattr(args, "extra_logging_interval", 10.0)),
     )
-    l1 = L1Settings(
-        eviction_trigger_watermark=args.eviction_trigger_watermark,
-        eviction_ratio=args.eviction_ratio,
-        read_ttl_seconds=float(args.l1_read_ttl_seconds),
-        write_ttl_seconds=float(args.l1_write_ttl_seconds),
-        use_lazy=args.l1_use_lazy,
-        init_size_gb=args.l1_init_size_gb,
-        align_bytes=args.l1_align_bytes,
-        use_hugepages=args.l1_use_hugepages,
-        notifier_interval_ms=args.periodic_notifier_interval_ms,
-    ).validate()
+    l1 = l1_settings_from_flags(args).validate()
     return StorageManagerConfig(
         l1_size_gb=args.l1_size_gb,
         eviction_config=eviction,
