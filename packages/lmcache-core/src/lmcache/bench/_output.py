@@ -71,8 +71,11 @@ def write_json(
         "results": list(results),
         **extra,
     }
-    with open(path, "w") as f:
+    # Written aside and renamed: a run killed mid-write keeps the previous complete file.
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
         json.dump(document, f, indent=2, default=str)
+    os.replace(tmp, path)
 
 
 def require_matplotlib() -> Any:

@@ -141,15 +141,19 @@ def measure(
     layout = clients[0].context.layout if clients[0].context is not None else None
     assert layout is not None
     bytes_per_token = layout.bytes_per_token()
+    start = time.perf_counter()
     try:
         for phase in ("store", "retrieve"):
             threads = [threading.Thread(target=run, args=(w, phase)) for w in range(workers)]
             for t in threads:
                 t.start()
-            barrier.wait()  # start
-            barrier.wait()  # warm-up done
-            start = time.perf_counter()
-            barrier.wait()  # all timed requests done
+            try:
+                barrier.wait()  # start
+                barrier.wait()  # warm-up done
+                start = time.perf_counter()
+                barrier.wait()  # all timed requests done
+            except threading.BrokenBarrierError:
+                pass  # a worker failed and aborted the barrier: report its error below
             elapsed = time.perf_counter() - start
             for t in threads:
                 t.join()

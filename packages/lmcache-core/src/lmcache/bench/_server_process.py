@@ -30,7 +30,10 @@ def start_server(
         sys.executable, "-m", "lmcache.cli.main", "server", "--port", str(port),
         "--supported-transfer-mode", "auto", "--chunk-size", str(args.chunk_size),
         "--l1-size-gb", f"{l1_gb:.4f}", "--max-message-mb", "2048", "--max-inflight-mb", "4096",
-        "--http-port", "0", "--prometheus-port", "0", *extra,
+        "--http-port", "0", "--prometheus-port", "0",
+        # L1 is sized to hold every request of the run: eviction ahead of need (default at
+        # 80% full) would drop stored chunks and turn timed retrieves into misses.
+        "--eviction-trigger-watermark", "1.0", *extra,
     ]  # fmt: skip
     env = dict(os.environ, LMCACHE_LOG_LEVEL="WARNING")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

@@ -536,6 +536,12 @@ def run(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     started = conditions()
     cell = Cell(args, workdir, child_env, vocab)
+    extra: dict[str, Any] = {
+        "shape": asdict(shape),
+        "model": {"path": args.model, "vocab_size": vocab, "dtype": "float32"},
+        "child_env": child_env,
+        "conditions": {"start": started},
+    }
     rows: list[dict[str, Any]] = []
     bindings: dict[str, CpuBinding | None] = {}
     index = 0
@@ -553,14 +559,11 @@ def run(args: argparse.Namespace) -> int:
                 row["load_average_after"] = conditions()["load_average"]
                 rows.append(row)
                 bindings[tag] = binding
+                if args.json:  # a long run killed later keeps every finished cell
+                    write_json(args.json, "serving", args, rows, partial=True, **extra)
     finished = conditions()
     rows.sort(key=lambda r: (r["workload"], r["kv_ratio"], configs.index(r["config"])))
-    extra: dict[str, Any] = {
-        "shape": asdict(shape),
-        "model": {"path": args.model, "vocab_size": vocab, "dtype": "float32"},
-        "child_env": child_env,
-        "conditions": {"start": started, "end": finished},
-    }
+    extra["conditions"] = {"start": started, "end": finished}
     try:
         binding = require_same_binding(bindings)
     except BindingMismatchError as exc:
