@@ -1,4 +1,5 @@
-"""Loads (H2D) copy runs of consecutive engine blocks as slices, scatter the rest.
+"""Loads (H2D) and stores (D2H) copy runs of consecutive engine blocks as slices, and
+scatter or gather the rest.
 
 On CPU ``index_copy_`` moves about 0.45x memcpy whatever the ids; one slice copy per run
 of consecutive blocks is near memcpy when the runs are long (issue 32).  Both paths must
@@ -56,3 +57,35 @@ def test_scattered_blocks_still_scatter(fmt: int, count_scatters: list[int]) -> 
     g = Geometry(nl=2, nb=12, bs=2, nh=2, hs=4)
     round_trip(mp_mem_kernels, fmt, g, torch.float32, [7, 2, 9, 0, 5, 11, 1, 3], 4, 0)
     assert count_scatters
+
+
+@pytest.fixture
+def count_gathers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real_fn, real_method = torch.index_select, torch.Tensor.index_select
+
+    def counting_fn(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real_fn(*args, **kwargs)
+
+    def counting_method(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real_method(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "index_select", counting_fn)
+    monkeypatch.setattr(torch.Tensor, "index_select", counting_method)
+    return calls
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=lambda f: EngineKVFormat(f).name)
+def test_consecutive_blocks_store_without_a_gather(fmt: int, count_gathers: list[int]) -> None:
+    g = Geometry(nl=2, nb=12, bs=2, nh=2, hs=4)
+    round_trip(mp_mem_kernels, fmt, g, torch.bfloat16, [1, 2, 3, 4, 6, 7, 8, 9], 4, 0)
+    assert count_gathers == []
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=lambda f: EngineKVFormat(f).name)
+def test_scattered_blocks_still_gather(fmt: int, count_gathers: list[int]) -> None:
+    g = Geometry(nl=2, nb=12, bs=2, nh=2, hs=4)
+    round_trip(mp_mem_kernels, fmt, g, torch.float32, [7, 2, 9, 0, 5, 11, 1, 3], 4, 0)
+    assert count_gathers

@@ -52,11 +52,20 @@ def _kv_planes(target: torch.Tensor) -> list[slice]:
 
 
 def _store_blocks(
-    part: Part, region: torch.Tensor, slots: slice | torch.Tensor, engine_ids: torch.Tensor
+    part: Part,
+    region: torch.Tensor,
+    slots: slice | torch.Tensor,
+    engine_ids: torch.Tensor,
+    runs: list[tuple[int, int, int]] | None = None,
 ) -> None:
-    """D2H: engine blocks ``engine_ids`` -> object block ``slots``."""
+    """D2H: engine blocks ``engine_ids`` -> object block ``slots`` (``runs``: the ids as
+    consecutive runs, copied as slices; None gathers with ``index_select``)."""
     if isinstance(slots, slice):
         target = region[:, :, slots]
+        if runs is not None:
+            for pos, first, length in runs:
+                target[:, :, pos : pos + length].copy_(part.view[:, :, first : first + length])
+            return
         # Gathering straight into the object (out=) saves a temporary and a second copy;
         # K and V planes of one layer are each contiguous even when the pair is not.
         planes = [slice(None)] if target.is_contiguous() else _kv_planes(target)
@@ -71,9 +80,10 @@ def _store_blocks(
     region.index_copy_(2, slots, gathered)
 
 
-# Below this mean run length a scatter (index_copy_) beats one slice copy per run: on CPU
-# index_copy_ moves ~0.45x memcpy whatever the ids, a slice copy per run ~0.75x at one
-# run per object but 0.3x at runs of 2 blocks (interleaved micro-benchmark, issue 32).
+# Below this mean run length a scatter (index_copy_) or gather (index_select) beats one
+# slice copy per run: on CPU index_copy_ moves ~0.45x memcpy whatever the ids, a slice copy
+# per run ~0.75x at one run per object but 0.3x at runs of 2 blocks (interleaved
+# micro-benchmark, issue 32).
 MIN_MEAN_RUN_BLOCKS = 8
 
 
@@ -155,11 +165,11 @@ def multi_layer_block_kv_transfer(
         last_slot = slots.stop - 1 if isinstance(slots, slice) else int(slots.max())
         check_block_slot(obj_index, last_slot, obj_blocks.shape[2])
         # One look at the ids per object, reused by every layer part.
-        id_runs = None if store else consecutive_runs(engine_ids)
+        id_runs = consecutive_runs(engine_ids)
         engine_ids = engine_ids.to(layout.device)
         for part in layout.parts:
             region = _object_region(obj_blocks, part)
             if store:
-                _store_blocks(part, region, slots, engine_ids)
+                _store_blocks(part, region, slots, engine_ids, id_runs)
             else:
                 _load_blocks(part, region, slots, engine_ids, id_runs)
