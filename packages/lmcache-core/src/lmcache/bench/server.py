@@ -128,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
     if args.curve:
         return run_curve_overhead(args, paths)
     chunk_bytes, request_bytes, l1_gb = run_sizes(args, max(args.workers))
+    started = _run_conditions()
+    print(
+        f"device ops {started['device_ops']}, torch threads {started['torch_threads']}, "
+        f"load average {started['load_average']}"
+    )
     memcpy = memcpy_gbps(request_bytes)
     bar = RunProgress(sum(2 * (args.iters + 1) * w for w in args.workers) * len(paths))
     proc, url = start_server(args, l1_gb)
@@ -146,12 +151,29 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         results = [asdict(r) | _ratios(r) for r in rows]
         extra: dict[str, Any] = {"scaling": scaling} if scaling else {}
+        extra["conditions"] = {"start": started, "end": _run_conditions()}
         if raw_zmq:
             extra["raw_zmq"] = raw_zmq
         write_json(args.json, "server", args, results, **extra)
     if args.plot:
         _plot(rows, args.plot)
     return 0
+
+
+def _run_conditions() -> dict[str, Any]:
+    """The machine, and which KV copy kernels the worker (and a server started from this
+    interpreter) use: the torch baseline or a plugin's native ops."""
+    import torch
+
+    from lmcache.bench._vllm_cpu import conditions
+    from lmcache.v1.platform import resolve_device_ops
+
+    ops = type(resolve_device_ops("cpu"))
+    return {
+        **conditions(),
+        "device_ops": f"{ops.__module__}.{ops.__qualname__}",
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def _inline_vs_raw_zmq(
