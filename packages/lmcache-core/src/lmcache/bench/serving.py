@@ -70,6 +70,12 @@ COUNTERS = (
     "vllm:lmcache_mp_hit_tokens_total",
     "vllm:lmcache_mp_stored_bytes_total",
     "vllm:lmcache_mp_loaded_bytes_total",
+    "vllm:lmcache_mp_lookup_refreshes_total",
+    "vllm:lmcache_mp_refresh_hit_tokens_total",
+    "vllm:lmcache_mp_lazy_deferred_ops_total",
+    "vllm:lmcache_mp_lazy_released_ops_total",
+    "vllm:lmcache_mp_lazy_dropped_ops_total",
+    "vllm:lmcache_mp_lazy_rejected_ops_total",
 )
 QUICK_SHAPE = wl.Shape(
     users=2,

@@ -48,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     "lazy_offload_max_deferral_seconds": 0.0,
     # Ours (upstream always loads asynchronously): false loads inside start_load_kv.
     "async_load": True,
+    # Ours: a request vLLM could not schedule yet is looked up again at most this often
+    # (seconds; 0 = never): its prefix may have been stored by another request meanwhile.
+    "lookup_refresh_interval": 0.2,
     "transfer_intermediate_tensors": False,
     "autostart": False,
     # Ours: "prefix" (each prefix on one server), "rank" (upstream's: TP ranks split over
@@ -167,6 +170,8 @@ class MPConnectorConfig:
     lazy_offload: LazyOffloadConfig | None = None
     # lmcache.mp.curve_*: keys for an authenticated, encrypted wire; None = plaintext.
     curve: CurveClientKeys | None = None
+    # lmcache.mp.lookup_refresh_interval (see .scheduler_side); 0 = never look up again.
+    lookup_refresh_interval: float = 0.2
 
     @property
     def start_server_hint(self) -> str:
@@ -207,6 +212,10 @@ def parse_extra_config(
     for suffix in ("mq_timeout", "heartbeat_interval"):
         if get(suffix) <= 0:
             raise ValueError(f"{PREFIX}{suffix} must be positive, got {get(suffix)}")
+    if get("lookup_refresh_interval") < 0:
+        raise ValueError(
+            f"{PREFIX}lookup_refresh_interval must be >= 0, got {get('lookup_refresh_interval')}"
+        )
     urls = _parse_server_urls(PREFIX + "server_urls", values.get("server_urls"))
     if urls is None:
         urls = [f"{ensure_transport_scheme(get('host'))}:{port}"]
@@ -253,6 +262,7 @@ def parse_extra_config(
         eager_prefetch=bool(get("eager_prefetch")),
         save_decode_cache=bool(get("save_decode_cache")),
         async_load=bool(get("async_load")),
+        lookup_refresh_interval=float(get("lookup_refresh_interval")),
         max_offload_tokens=max_offload,
         port=int(port),
         autostart=bool(get("autostart")),

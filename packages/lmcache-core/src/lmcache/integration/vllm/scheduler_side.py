@@ -218,6 +218,8 @@ class SchedulerSide:
                 return None, False
             tracker.hit_tokens = hit_chunks_to_tokens(hit, chunk_size, tracker.prompt_len)
             self._count_lookup(tracker, chunk_size)
+        else:
+            self._refresh_lookup(request, tracker, chunk_size)
         usable = self._usable_hit(tracker.hit_tokens, tracker, chunk_size)
         tracker.local_computed = num_computed_tokens
         if usable <= num_computed_tokens:
@@ -228,6 +230,51 @@ class SchedulerSide:
         # load in get_finished, and keeps stepping the others meanwhile.
         tracker.load_async = self.config.async_load
         return usable - num_computed_tokens, tracker.load_async
+
+    def _refresh_lookup(
+        self, request: Request, tracker: LMCacheMPRequestTracker, chunk_size: int
+    ) -> None:
+        """vLLM asks again for a request it could not schedule (no free blocks): while it
+        waited, other requests may have stored more of its prefix (users asking about the
+        same document at once).  Look it up again in the background, at most once per
+        ``lookup_refresh_interval``, and answer with the last hit until the new one is in.
+
+        The server pins a lookup's hit before it releases the session's earlier pins, so a
+        repeated lookup never finds less than the answer vLLM may already be using."""
+        request_id = request.request_id
+        if tracker.refresh_pending:
+            self._take_refreshed_hit(request_id, tracker, chunk_size)
+            return
+        interval = self.config.lookup_refresh_interval
+        if (
+            interval <= 0
+            or not self.config.nonblocking_lookup_status
+            or (tracker.hit_tokens or 0) >= tracker.prompt_len
+        ):
+            return
+        sent = self._lookups.get(request_id)
+        if sent is not None and time.monotonic() - sent.sent_at < interval:
+            return
+        self._lookup_thread.submit(request_id, self._lookup_key(request, tracker))
+        self._lookups[request_id] = _Lookup(self.link.generation, time.monotonic())
+        tracker.refresh_pending = True
+        self.stats.add(lookup_refreshes=1)
+
+    def _take_refreshed_hit(
+        self, request_id: str, tracker: LMCacheMPRequestTracker, chunk_size: int
+    ) -> None:
+        hit = self._lookup_thread.result(request_id)
+        if hit is None and not self._lookup_lost(request_id):
+            return  # still out: keep the last answer
+        tracker.refresh_pending = False
+        if hit is None or hit == LOOKUP_FAILED:
+            logger.debug("a repeated lookup for %s failed; keeping the last hit", request_id)
+            return
+        before = self._usable_hit(tracker.hit_tokens or 0, tracker, chunk_size)
+        tracker.hit_tokens = hit_chunks_to_tokens(hit, chunk_size, tracker.prompt_len)
+        gained = self._usable_hit(tracker.hit_tokens, tracker, chunk_size) - before
+        if gained > 0:
+            self.stats.add(hit_tokens=gained, refresh_hit_tokens=gained)
 
     def _count_lookup(self, tracker: LMCacheMPRequestTracker, chunk_size: int) -> None:
         """Metrics: once per request, when its lookup resolves."""

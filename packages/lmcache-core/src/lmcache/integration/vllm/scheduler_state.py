@@ -53,6 +53,7 @@ class LMCacheMPRequestTracker:
     cache_salt: str = ""
     state: LMCacheMPRequestState = LMCacheMPRequestState.PREFETCHING
     lookup_submitted: bool = False
+    refresh_pending: bool = False  # a repeated lookup is out (see SchedulerSide)
     hit_tokens: int | None = None  # server answer, before capping
     local_computed: int = 0  # tokens vLLM had locally when it asked for a match
     num_external: int = 0  # tokens vLLM agreed to load from LMCache

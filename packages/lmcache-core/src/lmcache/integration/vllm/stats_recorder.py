@@ -16,6 +16,14 @@ COUNTERS: dict[str, str] = {
     "lookups": "Requests whose prefix was looked up in LMCache (a failed lookup counts as a miss).",
     "lookup_tokens": "Prompt tokens looked up in LMCache.",
     "hit_tokens": "Prompt tokens found in LMCache and usable by vLLM (lookup hits).",
+    "lookup_refreshes": (
+        "Lookups sent again for a request vLLM could not schedule yet "
+        "(lmcache.mp.lookup_refresh_interval)."
+    ),
+    "refresh_hit_tokens": (
+        "Prompt tokens a repeated lookup found beyond the request's earlier answer "
+        "(also counted in hit_tokens)."
+    ),
     "loaded_tokens": "Tokens loaded from LMCache into vLLM's KV cache, summed over TP workers.",
     "loaded_bytes": "KV bytes loaded from LMCache, summed over TP workers.",
     "stored_tokens": "Tokens stored into LMCache, summed over TP workers.",
