@@ -31,61 +31,45 @@ def test_consecutive_runs() -> None:
     assert MIN_MEAN_RUN_BLOCKS == 8
 
 
-@pytest.fixture
-def count_scatters(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def _count_calls(monkeypatch: pytest.MonkeyPatch, *targets: tuple[Any, str]) -> list[int]:
+    """Patch each ``(owner, name)`` to record a call in one shared list, then run the real one."""
     calls: list[int] = []
-    real = torch.Tensor.index_copy_
+    for owner, name in targets:
+        real = getattr(owner, name)
 
-    def counting(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(1)
-        return real(self, *args, **kwargs)
+        def counting(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            calls.append(1)
+            return _real(*args, **kwargs)
 
-    monkeypatch.setattr(torch.Tensor, "index_copy_", counting)
+        monkeypatch.setattr(owner, name, counting)
     return calls
 
 
+@pytest.fixture
+def index_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """Calls of the scatter (loads) and of the gather (stores) during a test."""
+    return {
+        "scatter": _count_calls(monkeypatch, (torch.Tensor, "index_copy_")),
+        "gather": _count_calls(
+            monkeypatch, (torch, "index_select"), (torch.Tensor, "index_select")
+        ),
+    }
+
+
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=lambda f: EngineKVFormat(f).name)
-def test_consecutive_blocks_load_without_a_scatter(fmt: int, count_scatters: list[int]) -> None:
+def test_consecutive_blocks_copy_as_slices_both_ways(
+    fmt: int, index_calls: dict[str, list[int]]
+) -> None:
     g = Geometry(nl=2, nb=12, bs=2, nh=2, hs=4)
     # Two objects of 4 blocks: each one run of consecutive engine blocks.
     round_trip(mp_mem_kernels, fmt, g, torch.float16, [2, 3, 4, 5, 8, 9, 10, 11], 4, 0)
-    assert count_scatters == []
+    assert index_calls == {"scatter": [], "gather": []}
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=lambda f: EngineKVFormat(f).name)
-def test_scattered_blocks_still_scatter(fmt: int, count_scatters: list[int]) -> None:
+def test_scattered_blocks_still_scatter_and_gather(
+    fmt: int, index_calls: dict[str, list[int]]
+) -> None:
     g = Geometry(nl=2, nb=12, bs=2, nh=2, hs=4)
-    round_trip(mp_mem_kernels, fmt, g, torch.float32, [7, 2, 9, 0, 5, 11, 1, 3], 4, 0)
-    assert count_scatters
-
-
-@pytest.fixture
-def count_gathers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real_fn, real_method = torch.index_select, torch.Tensor.index_select
-
-    def counting_fn(*args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(1)
-        return real_fn(*args, **kwargs)
-
-    def counting_method(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(1)
-        return real_method(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "index_select", counting_fn)
-    monkeypatch.setattr(torch.Tensor, "index_select", counting_method)
-    return calls
-
-
-@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=lambda f: EngineKVFormat(f).name)
-def test_consecutive_blocks_store_without_a_gather(fmt: int, count_gathers: list[int]) -> None:
-    g = Geometry(nl=2, nb=12, bs=2, nh=2, hs=4)
-    round_trip(mp_mem_kernels, fmt, g, torch.bfloat16, [1, 2, 3, 4, 6, 7, 8, 9], 4, 0)
-    assert count_gathers == []
-
-
-@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=lambda f: EngineKVFormat(f).name)
-def test_scattered_blocks_still_gather(fmt: int, count_gathers: list[int]) -> None:
-    g = Geometry(nl=2, nb=12, bs=2, nh=2, hs=4)
-    round_trip(mp_mem_kernels, fmt, g, torch.float32, [7, 2, 9, 0, 5, 11, 1, 3], 4, 0)
-    assert count_gathers
+    round_trip(mp_mem_kernels, fmt, g, torch.bfloat16, [7, 2, 9, 0, 5, 11, 1, 3], 4, 0)
+    assert index_calls["scatter"] and index_calls["gather"]
