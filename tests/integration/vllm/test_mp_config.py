@@ -66,6 +66,11 @@ def test_transfer_mode_env_and_extra_config_wins() -> None:
         ("lmcache.mp.mp_transfer_mode", "warp"),
         ("lmcache.mp.server_urls", 5),
         ("lmcache.max_offload_tokens", "lots"),
+        ("lmcache.mp.lookup_refresh_interval", "-1"),
+        # Non-finite numbers slip past every bound (NaN compares false): refused at parse.
+        ("lmcache.mp.lookup_refresh_interval", "nan"),
+        ("lmcache.mp.mq_timeout", "inf"),
+        ("lmcache.mp.heartbeat_interval", float("nan")),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: object) -> None:

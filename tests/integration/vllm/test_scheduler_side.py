@@ -216,8 +216,3 @@ def test_a_failed_repeat_lookup_keeps_the_last_hit(monkeypatch: Any) -> None:
     assert side.get_num_new_matched_tokens(request, 0) == (2 * CHUNK, True)
     assert not side._trackers["x"].refresh_pending
     side.close()
-
-
-def test_refresh_interval_must_not_be_negative() -> None:
-    with pytest.raises(ValueError, match="lookup_refresh_interval"):
-        parse_extra_config({"lmcache.mp.lookup_refresh_interval": "-1"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -100,6 +101,11 @@ def _coerce_number(key: str, value: Any, kind: type) -> Any:
         ) from None
     if kind is int and isinstance(value, float) and value != int(value):
         raise ValueError(f"{key} must be an integer, got {value!r}")
+    # NaN passes every "< 0" / "<= 0" bound below and compares false with any elapsed
+    # time (lookup_refresh_interval: a repeat on every step); inf means "never" or "wait
+    # forever", which no key here is meant to allow.
+    if not math.isfinite(number):
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
     return number
 
 
