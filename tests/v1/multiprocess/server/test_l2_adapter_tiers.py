@@ -70,15 +70,19 @@ class _Engine:
             sub_path="shm",
         )
 
-    def flood_l1(self, stats: Path) -> None:
+    def flood_l1(self, stats: Path, http_port: int) -> None:
         """Store other prefixes until the first one's chunks are out of L1, then wait until
-        the adapter holds them all: chunks still queued for the adapter keep their L1 memory
-        (under load that can leave no room to read a chunk back: a miss without a load)."""
+        the adapter holds them all and the server has taken the stores as done: chunks
+        still queued for the adapter keep their L1 memory (under load that can leave no
+        room to read a chunk back: a miss without a load)."""
         for i in range(FLOOD_PREFIXES):
             start = 10_000 + i * len(TOKENS)
             assert self.worker.store(list(range(start, start + len(TOKENS))), BLOCKS)
         every_chunk = (FLOOD_PREFIXES + 1) * len(TOKENS) // CHUNK_SIZE
         assert _wait_for(lambda: _stats(stats).get("stored", 0) >= every_chunk), _stats(stats)
+        assert _wait_for(lambda: _adapter_tier(http_port)["objects"] >= every_chunk), _adapter_tier(
+            http_port
+        )
 
     def retrieve_is_bit_exact(self) -> bool:
         for layer in self.kv:
@@ -92,11 +96,17 @@ class _Engine:
         unlink_kv(self.kv)
 
 
-def _start(tmp_path: Path, spec: dict[str, Any], *extra: str) -> ServerProcess:
-    args = [*TINY_L1, "--l2-adapter", json.dumps(spec), *extra]
+def _start(tmp_path: Path, spec: dict[str, Any], http_port: int, *extra: str) -> ServerProcess:
+    args = [*TINY_L1, "--l2-adapter", json.dumps(spec), "--http-port", str(http_port), *extra]
     server = ServerProcess(args, tmp_path / "server.log")
     server.wait_ready()
     return server
+
+
+def _adapter_tier(http_port: int) -> dict[str, Any]:
+    """The adapter tier's entry in ``/status`` (``objects``: chunks whose store finished)."""
+    tiers = httpx.get(f"http://127.0.0.1:{http_port}/status", timeout=10).json()["tiers"]
+    return next(t for t in tiers if t["kind"] == "remote")  # type: ignore[no-any-return]
 
 
 def _l1_used_after_clear(http_port: int) -> int:
@@ -111,12 +121,13 @@ def _l1_used_after_clear(http_port: int) -> int:
 @pytest.mark.usefixtures("third_party_on_path")
 def test_third_party_adapter_serves_chunks_evicted_from_l1(tmp_path: Path) -> None:
     stats = tmp_path / "adapter-stats.json"
-    server = _start(tmp_path, _plugin_spec(stats))
+    http_port = free_port()
+    server = _start(tmp_path, _plugin_spec(stats), http_port)
     engine = _Engine(server)
     try:
         assert engine.worker.store(TOKENS, BLOCKS)
         assert _wait_for(lambda: _stats(stats).get("stored", 0) >= 3), server.log()
-        engine.flood_l1(stats)
+        engine.flood_l1(stats, http_port)
         loaded_before = _stats(stats).get("loaded", 0)
         assert engine.worker.lookup(TOKENS) == len(TOKENS)
         assert engine.retrieve_is_bit_exact()
@@ -133,12 +144,12 @@ def test_fault_injected_l2_reads_are_misses_not_errors(tmp_path: Path) -> None:
     stats = tmp_path / "adapter-stats.json"
     spec = {"type": "fault_inject", "rate": 1.0, "seed": 3, "inner": _plugin_spec(stats)}
     http_port = free_port()
-    server = _start(tmp_path, spec, "--http-port", str(http_port), "--enable-http-cache-clear")
+    server = _start(tmp_path, spec, http_port, "--enable-http-cache-clear")
     engine = _Engine(server)
     try:
         assert engine.worker.store(TOKENS, BLOCKS)
         assert _wait_for(lambda: _stats(stats).get("stored", 0) >= 3), server.log()
-        engine.flood_l1(stats)
+        engine.flood_l1(stats, http_port)
         # Every L2 load fails: a miss, reported as one, with no error to the engine.
         assert not engine.retrieve_is_bit_exact()
         assert _stats(stats).get("loaded", 0) >= 1  # the adapter did serve; the faults hid it

@@ -2,8 +2,9 @@
 
 It keeps each object's bytes in a dict, does its work on one background thread, and
 signals completions through event fds -- the contract of ``L2AdapterInterface``.  With
-``adapter_params["stats_path"]`` it writes its counters there as JSON after every task,
-so a test can see from outside the server process that reads went through it.
+``adapter_params["stats_path"]`` it writes its counters there as JSON after every task and
+before it signals the task done, so a test can see from outside the server process that
+reads went through it (a reply that needed the task comes after its count).
 """
 
 from __future__ import annotations
@@ -122,7 +123,6 @@ class BytesL2Adapter(L2AdapterInterface):
         while (task := self._tasks.get()) is not None:
             kind, task_id, keys, objects = task
             getattr(self, f"_do_{kind}")(task_id, keys, objects)
-            self._write_stats()
 
     def _do_store(self, task_id: L2TaskId, keys: list[ObjectKey], objects: list[Any]) -> None:
         stored, sizes = [], []
@@ -139,6 +139,7 @@ class BytesL2Adapter(L2AdapterInterface):
             self._stores_done[task_id] = L2StoreResult(True, sum(sizes))
         if stored:
             self._notify_keys_stored(stored, sizes)
+        self._write_stats()  # before the signal: a reader that saw it sees the count
         self._store_fd.notify()
 
     def _do_lookup(self, task_id: L2TaskId, keys: list[ObjectKey], _objects: Any) -> None:
@@ -150,6 +151,7 @@ class BytesL2Adapter(L2AdapterInterface):
                     found.set(i)
                     self._locks[key] = self._locks.get(key, 0) + 1
             self._lookups_done[task_id] = found
+        self._write_stats()  # before the signal: a reader that saw it sees the count
         self._lookup_fd.notify()
 
     def _do_unlock(self, _task_id: L2TaskId, keys: list[ObjectKey], _objects: Any) -> None:
@@ -180,6 +182,7 @@ class BytesL2Adapter(L2AdapterInterface):
             self._loads_done[task_id] = loaded
         if hits:
             self._notify_keys_accessed(hits)
+        self._write_stats()  # before the signal: a reader that saw it sees the count
         self._load_fd.notify()
 
     def _write_stats(self) -> None:
