@@ -14,7 +14,7 @@ the late-start / kill -9 / restart steps of ``run_restart.py`` (which check the 
 With ``--two-servers`` every other mode runs against two servers
 (``lmcache.mp.server_urls``) with two prompts that the placement sends to different
 servers: the same checks, per server, in one vLLM start (one server start more).
-With ``--lazy-offload`` the steps of ``run_lazy.py`` follow (one vLLM start more).
+With ``--lazy-offload`` the steps of ``run_lazy.py`` follow (two vLLM starts more).
 Exit status 0 on success.
 """
 
@@ -267,6 +267,17 @@ def main() -> int:
             f"after vLLM evicted it; all {len(lazy)} prompts twice equal the baseline; "
             f"reset_prefix_cache(reset_connector=True) emptied the server "
             f"({lazy_result['l1_chunks_before_reset']} chunks before)"
+        )
+        from run_lazy import run_lazy_under_pressure
+
+        summary["lazy_offload_pressure"] = pressure = run_lazy_under_pressure(
+            model, lazy, lazy_baselines, workdir, MAX_TOKENS
+        )
+        print(
+            f"lazy offload under pressure: OK, {pressure['kv_blocks']} KV blocks, the first "
+            f"of two prompts sent at once was stored ({pressure['stored_after_a_and_b']} "
+            f"tokens) before the second took its blocks; asked again it retrieved "
+            f"{pressure['retrieved_by_a_again']} tokens from LMCache; outputs equal the baseline"
         )
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("vllm e2e: all checks passed")

@@ -13,6 +13,13 @@ mode (the default ``EVICTION_AWARE`` policy):
    stale was stored, whichever of B, C, ... were stored or dropped;
 5. ``reset_prefix_cache(reset_connector=True)`` empties the server (``clear``; the server
    runs with ``--enable-admin-ops``).
+
+``run_lazy_under_pressure`` then starts a vLLM whose KV cache holds one prompt, not two,
+and sends A and B at once: B waits for room, so vLLM would hand A's blocks to B in the
+step after A finished -- before a lazy release could store them.  A is stored anyway:
+the connector asks vLLM to keep A's blocks (``delay_free_blocks``) until the next step
+stored them.  A asked again loads from LMCache what vLLM's cache lost to B, and both
+outputs equal the baseline.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ MODE = "engine_driven"
 # Room for four prompts of ~12 blocks: the fifth evicts the first.
 NUM_BLOCKS = 48
 NUM_PROMPTS = 5
+# Room for one prompt and a bit: the second one waits, then takes some of the first's.
+PRESSURE_BLOCKS = 20
 
 
 def lazy_prompts() -> list[str]:
@@ -44,19 +53,52 @@ def lazy_prompts() -> list[str]:
     return [" ".join(words[k:] + words[:k]) for k in range(NUM_PROMPTS)]
 
 
-def make_lazy_llm(model: str, port: int) -> Any:
-
+def make_lazy_llm(model: str, port: int, num_blocks: int = NUM_BLOCKS, **overrides: Any) -> Any:
     kv = connector_config(port, MODE)
     kv["kv_connector_extra_config"]["lmcache.mp.lazy_offload"] = "true"
-    return make_llm(
-        model,
-        kv,
-        max_model_len=1024,
-        max_num_seqs=1,
-        max_num_batched_tokens=1024,
-        enable_prefix_caching=True,
-        num_gpu_blocks_override=NUM_BLOCKS,
-    )
+    engine_args: dict[str, Any] = {
+        "max_model_len": 1024,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 1024,
+        "enable_prefix_caching": True,
+        "num_gpu_blocks_override": num_blocks,
+        **overrides,
+    }
+    return make_llm(model, kv, **engine_args)
+
+
+def run_lazy_under_pressure(
+    model: str, prompts: list[str], baselines: list[list[int]], workdir: Path, max_tokens: int
+) -> dict[str, Any]:
+    """A and B at once into a KV cache that holds one of them (see the module doc)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    port = free_port()
+    server = start_server(port, MODE, workdir / "server-lazy-pressure.log")
+    try:
+        engine = make_lazy_llm(model, port, PRESSURE_BLOCKS, max_model_len=512, max_num_seqs=2)
+        both = engine.generate(prompts[:2], params, use_tqdm=False)
+        outputs = [list(out.outputs[0].token_ids) for out in both]
+        after_both = server_stats(port)
+        # Under the old rule A's buffered store was dropped as stale here: nothing stored.
+        assert after_both["stored_tokens"] > 0, f"A was not stored under pressure: {after_both}"
+        a_again = list(engine.generate(prompts[:1], params, use_tqdm=False)[0].outputs[0].token_ids)
+        after_a_again = server_stats(port)
+        assert after_a_again["retrieved_tokens"] > after_both["retrieved_tokens"], (
+            f"A's KV that B took from vLLM's cache did not come from LMCache: {after_a_again}"
+        )
+        for index, output in enumerate([*outputs, a_again]):
+            baseline = baselines[index % 2]
+            assert output == baseline, f"pressure output {index}: {output} != {baseline}"
+        return {
+            "kv_blocks": PRESSURE_BLOCKS,
+            "stored_after_a_and_b": after_both["stored_tokens"],
+            "retrieved_by_a_again": after_a_again["retrieved_tokens"]
+            - after_both["retrieved_tokens"],
+        }
+    finally:
+        stop_server(server)
 
 
 def run_lazy_offload(

@@ -41,3 +41,6 @@ class FakePool:
 
     def free_queue_head(self, depth: int) -> list[int]:
         return self.free[:depth]
+
+    def num_free_blocks(self) -> int:
+        return len(self.free)

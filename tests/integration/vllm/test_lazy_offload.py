@@ -82,6 +82,56 @@ def test_a_request_is_stored_whole_when_its_blocks_near_eviction() -> None:
     assert queue.drain(StepSignals(4, 4)) == []
 
 
+def _running_request(pool: FakePool, queue: LazyOffloadQueue, rid: str, blocks: int) -> list[int]:
+    """A request of ``blocks`` full blocks with two buffered operations, still running."""
+    table = pool.allocate(blocks)
+    pool.fill(table)
+    half = (blocks * BS // 2 // CHUNK) * CHUNK
+    assert queue.admit(_item(rid, table, 0, half), CHUNK)
+    assert queue.admit(_item(rid, table, half, blocks * BS), CHUNK)
+    return table
+
+
+def test_a_request_finishing_with_requests_waiting_for_room_is_released_at_once() -> None:
+    pool = FakePool(12)
+    queue = _queue(pool)
+    table = _running_request(pool, queue, "a", 8)  # 4 blocks stay free
+    queue.drain(IDLE)
+    assert queue.danger_depth() == 0
+    # A waiting request needs 6 blocks: vLLM would take 2 of "a"'s once they are freed.
+    store = queue.release_at_finish("a", waiting_blocks=6)
+    assert store is not None
+    assert (store.request_id, store.op.start, store.op.end) == ("a", 0, 32)
+    assert store.op.block_ids == (tuple(table),)
+    assert not queue.is_buffered("a") and queue.pending_operations() == 0
+    assert (queue.counters.released, queue.counters.released_at_finish) == (2, 2)
+    queue.on_finished("a")  # nothing left: a no-op
+    assert queue.drain(StepSignals(8, 8)) == []
+
+
+def test_a_request_finishing_under_the_danger_depth_is_released_at_once() -> None:
+    pool = FakePool(12)
+    queue = _queue(pool)
+    _running_request(pool, queue, "a", 8)
+    queue.drain(StepSignals(4, 4))  # 4 blocks a step: 10 at risk, 4 free
+    assert queue.danger_depth() == 10
+    assert queue.release_at_finish("a", waiting_blocks=0) is not None
+
+
+def test_a_request_finishing_with_room_to_spare_stays_buffered() -> None:
+    pool = FakePool(32)
+    queue = _queue(pool)
+    _running_request(pool, queue, "a", 8)  # 24 free
+    queue.drain(StepSignals(4, 4))  # 10 at risk
+    assert queue.release_at_finish("a", waiting_blocks=24) is None  # exactly the free ones
+    assert queue.release_at_finish("idle", waiting_blocks=100) is None  # nothing buffered
+    queue.on_finished("a")
+    assert queue.is_buffered("a") and queue.counters.released_at_finish == 0
+    fifo = _queue(FakePool(12), policy=LazyOffloadPolicy.FIFO)
+    _running_request(fifo.pool, fifo, "f", 8)  # type: ignore[arg-type]
+    assert fifo.release_at_finish("f", waiting_blocks=100) is None  # FIFO reads no pressure
+
+
 def test_blocks_evicted_before_release_drop_the_rest_of_the_request_only() -> None:
     pool = FakePool(32)
     queue = _queue(pool)
@@ -258,7 +308,16 @@ def test_random_workloads_never_release_stale_or_unreachable_ranges(
     snapshot: dict[tuple[str, int], Hashable | None] = {}
     released_to: dict[str, int] = {}
     running: dict[str, tuple[list[int], int]] = {}
+    held: list[tuple[list[int], LMCacheMPRequestMetadata]] = []  # released at finish
     for step in range(40):
+        # Last step's finish releases ran with their blocks kept; vLLM frees them now.
+        for table, store in held:
+            blocks = covered_blocks(store.op, BS)
+            assert all(pool.hashes[b] == snapshot[store.request_id, b] for b in blocks)
+            assert store.op.start <= released_to.get(store.request_id, 0), "gap"
+            released_to[store.request_id] = store.op.end
+            pool.release(table)
+        held = []
         if rng.random() < 0.5 and len(pool.free) >= 4:
             rid = f"r{step}"
             table = pool.allocate(rng.randint(1, 4))
@@ -271,9 +330,13 @@ def test_random_workloads_never_release_stale_or_unreachable_ranges(
                     snapshot[rid, block] = pool.hashes[block]
             running[rid] = (table, end)
             if end == len(table) * BS or rng.random() < 0.2:
+                del running[rid]
+                store = queue.release_at_finish(rid, waiting_blocks=rng.randint(0, 12))
+                if store is not None:
+                    held.append((table, store))
+                    continue
                 queue.on_finished(rid)
                 pool.release(table)
-                del running[rid]
         allocated = rng.randint(0, 6)
         for store in queue.drain(StepSignals(allocated, allocated)):
             blocks = covered_blocks(store.op, BS)

@@ -115,6 +115,42 @@ def test_stores_wait_for_eviction_pressure_then_go_out_whole_chunks_only() -> No
     side.close()
 
 
+def test_a_request_finishing_while_others_wait_keeps_its_blocks_for_its_store() -> None:
+    pool = FakePool(6)
+    side = _lazy_side(pool)
+    meta, table = _prefill(side, pool, "a")
+    assert meta.stores == [] and side.lazy is not None and side.lazy.is_buffered("a")
+    for _ in range(10):  # decode steps allocate nothing: no danger window of its own
+        side.build_connector_meta(_step())
+    assert side.lazy.danger_depth() == 0
+    # "bb" waits: vLLM looked it up but had no blocks to give it (2 free, it needs 4).
+    waiting = _request("bb")
+    while side.get_num_new_matched_tokens(waiting, 0)[0] is None:
+        time.sleep(0.005)
+    assert side.waiting_blocks() == 4
+    assert side.finish("a") is True  # vLLM keeps "a"'s blocks: delay_free_blocks
+    # The next step stores "a" whole and names it, so the workers report it sent.
+    meta = side.build_connector_meta(_step())
+    [store] = meta.stores
+    assert (store.request_id, store.op.start, store.op.end) == ("a", 0, 96)
+    assert store.op.block_ids == (tuple(table),)
+    assert meta.held_requests == ["a"]
+    assert side.lazy.counters.released_at_finish == 1
+    # Once only.
+    assert side.build_connector_meta(_step()).held_requests == []
+    side.close()
+
+
+def test_a_request_finishing_with_room_to_spare_frees_its_blocks_at_once() -> None:
+    pool = FakePool(16)
+    side = _lazy_side(pool)
+    _prefill(side, pool, "a")
+    assert side.finish("a") is False
+    assert side.lazy is not None and side.lazy.is_buffered("a")
+    assert side.build_connector_meta(_step()).held_requests == []
+    side.close()
+
+
 def test_a_preempted_request_stores_again_from_what_was_released() -> None:
     pool = FakePool(32)
     side = _lazy_side(pool)

@@ -203,6 +203,18 @@ class Engine:
         meta = LMCacheMPConnectorMetadata(stores=[LMCacheMPRequestMetadata("s", op)])
         assert self._step(meta) == set()  # a store never reports blocks to recompute
 
+    def store_held(self, request_id: str) -> set[str] | None:
+        """A step that stores a finished request whose blocks vLLM kept for it (lazy
+        offload under pressure); what ``get_finished`` then reports as sent."""
+        op = LoadStoreOp(tuple(PROMPT[:STORED]), ((0, 1, 2, 3),), 0, STORED)
+        item = LMCacheMPRequestMetadata(request_id, op)
+        assert (
+            self._step(LMCacheMPConnectorMetadata(stores=[item], held_requests=[request_id]))
+            == set()
+        )
+        sent, _ = self.worker.get_finished(set())
+        return sent
+
     def load(self, blocks: tuple[int, ...] = (4, 5, 6, 7), prompt: list[int] = PROMPT) -> set[int]:
         """Load the stored prefix into ``blocks``; the blocks vLLM must recompute."""
         op = LoadStoreOp(tuple(prompt[:STORED]), (blocks,), 0, STORED)
@@ -290,6 +302,24 @@ def test_kill9_and_restart_on_the_same_port(
 
         # The restarted server is empty: a miss, then hits again after the first store.
         _round_trip(engine, server)
+    finally:
+        engine.close()
+
+
+def test_held_blocks_are_reported_sent_after_their_store_even_with_the_server_gone(
+    server: RestartableServer,
+) -> None:
+    """vLLM frees a finished request's kept blocks only when get_finished reports it: after
+    the store landed, and also when it could not (never kept forever)."""
+    server.start()
+    engine = Engine(server.port)
+    try:
+        assert engine.store_held("held-1") == {"held-1"}
+        assert engine.lookup() == STORED  # stored before it was reported
+        assert engine.worker.get_finished(set()) == (None, None)  # reported once
+        server.kill9()
+        _wait(lambda: engine.worker.health.is_down, "the worker to notice the outage")
+        assert engine.store_held("held-2") == {"held-2"}
     finally:
         engine.close()
 

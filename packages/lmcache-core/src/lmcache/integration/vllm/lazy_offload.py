@@ -21,9 +21,15 @@ buffered, and they are read again when it is released: a changed hash means the 
 was reused, so the operation (and every later one of its request, unreachable without
 it) is dropped and counted, never stored stale.  Released operations are stored in the
 same step's ``wait_for_save``, after the forward and before any later step can write to
-those blocks, so no block needs pinning.  Operations whose last block has no hash yet (a
-partial block) are trimmed to their last whole chunk: such a block could be reused
-without any trace.
+those blocks, so no block needs pinning -- except at the end of a request under pressure:
+vLLM frees a finished request's blocks and, when requests wait for room, hands them out
+in its next ``schedule()``, before any step could release their stores.  So when a
+request with buffered operations finishes while vLLM is expected to take more blocks
+than its free queue holds, ``EVICTION_AWARE`` releases them at once and the connector
+asks vLLM to keep the blocks (``delay_free_blocks``) until the next step has stored them
+(:meth:`LazyOffloadQueue.release_at_finish`).  Operations whose last block has no hash
+yet (a partial block) are trimmed to their last whole chunk: such a block could be
+reused without any trace.
 
 A request preempted by vLLM loses its buffered operations (their block table is gone);
 its tracker restarts from what was released.  What is still buffered at shutdown is
@@ -98,6 +104,10 @@ class BlockPoolView(Protocol):
         """The first ``depth`` block ids of the free queue, the next to be evicted first."""
         ...
 
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue: a block freed now is taken after all of them."""
+        ...
+
 
 class VllmBlockPool:
     """:class:`BlockPoolView` over vLLM's ``vllm.v1.core.block_pool.BlockPool``."""
@@ -119,6 +129,9 @@ class VllmBlockPool:
             block = block.next_free_block
         return ids
 
+    def num_free_blocks(self) -> int:
+        return int(self._pool.get_num_free_blocks())
+
 
 @dataclasses.dataclass
 class LazyOffloadCounters:
@@ -127,6 +140,7 @@ class LazyOffloadCounters:
     admitted: int = 0
     released: int = 0
     released_overdue: int = 0
+    released_at_finish: int = 0
     trimmed_unhashed: int = 0
     rejected_unhashed: int = 0
     rejected_broken_prefix: int = 0
@@ -280,6 +294,36 @@ class LazyOffloadQueue:
             buffer.finished = True
         else:
             del self._buffers[request_id]
+
+    def release_at_finish(
+        self, request_id: str, waiting_blocks: int
+    ) -> LMCacheMPRequestMetadata | None:
+        """vLLM is finishing the request: its buffered operations, coalesced into one
+        store, when its blocks would be taken soon after vLLM frees them; None leaves them
+        buffered (then call :meth:`on_finished`).
+
+        "Soon" (``EVICTION_AWARE`` only): vLLM is expected to take more blocks than its
+        free queue holds -- the danger depth, or ``waiting_blocks`` (what the requests
+        waiting for room need) if larger -- so blocks freed now, which join the queue's
+        tail, would go too.  The caller must keep the blocks (vLLM's
+        ``delay_free_blocks``) until the store has run: under pressure vLLM hands a
+        finished request's blocks to a waiting one in its very next ``schedule()``,
+        before any later step could release the store."""
+        buffer = self._buffers.get(request_id)
+        if (
+            buffer is None
+            or not buffer.ops
+            or self.pool is None
+            or self.config.policy is not LazyOffloadPolicy.EVICTION_AWARE
+        ):
+            return None
+        needed = max(self.danger_depth(), waiting_blocks)
+        if needed <= self.pool.num_free_blocks():
+            return None
+        buffer.finished = True
+        count = len(buffer.ops)
+        self.counters.released_at_finish += count
+        return self._release(request_id, count, overdue=False)
 
     def on_preempted(self, request_id: str) -> int:
         """vLLM preempted the request and freed its blocks: its buffered operations name a

@@ -171,6 +171,8 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 link.close()
             raise
         self._scheduler, self._worker = self._routers(role)
+        # Worker: held finished requests whose stores ran, for the next get_finished.
+        self._stored_held: set[str] = set()
         if n_servers > 1:
             logger.info(
                 "LMCacheMPConnector (%s): %d servers, %s placement%s",
@@ -329,14 +331,14 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._scheduler.finish(request)
-        return False, None
+        # True (lazy offload under pressure): vLLM keeps the blocks until get_finished
+        # reports the request, after the next step stored them.
+        return self._scheduler.finish(request), None
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._scheduler.finish(request)
-        return False, None
+        return self._scheduler.finish(request), None
 
     # -- worker side --------------------------------------------------------------------------
 
@@ -375,13 +377,22 @@ class LMCacheMPConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def wait_for_save(self) -> None:
         meta = self._metadata()
-        if meta is not None and meta.stores:
-            self._worker.store(meta.stores)
+        if meta is None:
+            return
+        try:
+            if meta.stores:
+                self._worker.store(meta.stores)
+        finally:
+            # Reported even when a store failed: vLLM would otherwise never free them.
+            self._stored_held.update(meta.held_requests)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        # Stores finish in wait_for_save; only async loads end here (failed ones too, with
-        # their blocks in get_block_ids_with_load_errors of the same step).
-        return None, self._worker.finished_loads() or None
+        # Stores finish in wait_for_save, so only the finished requests whose blocks vLLM
+        # kept for them are reported as sent (in this step, or the next one when vLLM
+        # asks before wait_for_save, as with speculative decoding).  Async loads end here
+        # too (failed ones with their blocks in get_block_ids_with_load_errors).
+        sent, self._stored_held = self._stored_held, set()
+        return sent or None, self._worker.finished_loads() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors()

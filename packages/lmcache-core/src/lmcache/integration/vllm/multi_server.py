@@ -150,10 +150,17 @@ class SchedulerRouter:
             meta = side.build_connector_meta(scheduler_output)
             merged.loads.extend(meta.loads)
             merged.stores.extend(meta.stores)
+            merged.held_requests.extend(meta.held_requests)
         return merged
 
-    def finish(self, request: Request) -> None:
-        self.side_for(request).finish(request.request_id)
+    def finish(self, request: Request) -> bool:
+        """True: vLLM keeps the request's blocks until the workers report it stored (the
+        waiting requests of every side compete for vLLM's blocks)."""
+        side = self.side_for(request)
+        if len(self.sides) == 1:
+            return side.finish(request.request_id)
+        waiting = sum(s.waiting_blocks() for s in self.sides)
+        return side.finish(request.request_id, waiting)
 
     def close(self) -> None:
         for side in self.sides:

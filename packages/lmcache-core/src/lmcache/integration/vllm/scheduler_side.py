@@ -62,6 +62,9 @@ class LMCacheMPConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
     loads: list[LMCacheMPRequestMetadata] = dataclasses.field(default_factory=list)
     stores: list[LMCacheMPRequestMetadata] = dataclasses.field(default_factory=list)
+    # Finished requests whose blocks vLLM keeps for this step's stores (lazy offload
+    # under pressure): the workers report them in get_finished once the stores ran.
+    held_requests: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -97,6 +100,8 @@ class SchedulerSide:
         self.lazy: LazyOffloadQueue | None = None
         self._warned_no_block_pool = False
         self._lazy_reported: dict[str, int] = {}  # counter totals already in self.stats
+        # Stores released as their request finished, for the next step (blocks held).
+        self._finish_stores: list[LMCacheMPRequestMetadata] = []
         if config.lazy_offload is not None:
             self.lazy = LazyOffloadQueue(config.lazy_offload, link.block_size)
 
@@ -386,6 +391,9 @@ class SchedulerSide:
             scheduler_output.total_num_scheduled_tokens,
             self.link.block_size,
         )
+        meta.stores.extend(self._finish_stores)
+        meta.held_requests.extend(store.request_id for store in self._finish_stores)
+        self._finish_stores = []
         if self.link.ready:
             meta.stores.extend(self.lazy.drain(signals))
         # (else kept: still valid when the server is back, unless evicted first)
@@ -469,15 +477,41 @@ class SchedulerSide:
 
     # -- end of a request ---------------------------------------------------------------------
 
-    def finish(self, request_id: str) -> None:
+    def waiting_blocks(self) -> int:
+        """Blocks the requests vLLM has not given blocks yet need for their prompts."""
+        block_size = self.link.block_size
+        return sum(
+            -(-t.prompt_len // block_size) for t in self._trackers.values() if not t.block_ids
+        )
+
+    def finish(self, request_id: str, waiting_blocks: int | None = None) -> bool:
+        """vLLM finished the request.  True: vLLM must keep its blocks (delay_free_blocks)
+        until the workers report it, after the next step stored what lazy offload had
+        buffered (``waiting_blocks``: what waiting requests need, default this side's)."""
+        held = self._release_at_finish(request_id, waiting_blocks)
         tracker = self._trackers.pop(request_id, None)
         self._async_to_plan.discard(request_id)
-        if self.lazy is not None:
+        if self.lazy is not None and not held:
             self.lazy.on_finished(request_id)
         self._requests.pop(request_id, None)
         sent = self._lookups.pop(request_id, None)
-        if tracker is None or not tracker.lookup_submitted:
-            return
+        if tracker is not None and tracker.lookup_submitted:
+            self._end_session(request_id, sent)
+        return held
+
+    def _release_at_finish(self, request_id: str, waiting_blocks: int | None) -> bool:
+        if self.lazy is None or not self.link.ready or not self.lazy.is_buffered(request_id):
+            return False
+        if waiting_blocks is None:
+            waiting_blocks = self.waiting_blocks()
+        store = self.lazy.release_at_finish(request_id, waiting_blocks)
+        if store is None:
+            return False
+        self._finish_stores.append(store)
+        return True
+
+    def _end_session(self, request_id: str, sent: _Lookup | None) -> None:
+        """The server's lookup session of a finished request (its pins) goes."""
         lost = sent is not None and sent.generation != self.link.generation
         if self.config.nonblocking_lookup_status:
             # Queued behind the lookup itself, so the session exists when it is ended.
