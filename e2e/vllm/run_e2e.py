@@ -255,30 +255,11 @@ def main() -> int:
             f"vs without cache {ttft_miss:.3f} s"
         )
     if args.lazy_offload:
-        from run_lazy import run_lazy_offload
+        from run_lazy import LAZY_STEPS
 
-        summary["lazy_offload"] = lazy_result = run_lazy_offload(
-            model, lazy, lazy_baselines, workdir, MAX_TOKENS
-        )
-        print(
-            f"lazy offload: OK, nothing stored after the first request, "
-            f"{lazy_result['stored_after_b']} tokens once the next one came in; the first "
-            f"prompt again retrieved {lazy_result['retrieved_by_a_again']} tokens from LMCache "
-            f"after vLLM evicted it; all {len(lazy)} prompts twice equal the baseline; "
-            f"reset_prefix_cache(reset_connector=True) emptied the server "
-            f"({lazy_result['l1_chunks_before_reset']} chunks before)"
-        )
-        from run_lazy import run_lazy_under_pressure
-
-        summary["lazy_offload_pressure"] = pressure = run_lazy_under_pressure(
-            model, lazy, lazy_baselines, workdir, MAX_TOKENS
-        )
-        print(
-            f"lazy offload under pressure: OK, {pressure['kv_blocks']} KV blocks, the first "
-            f"of two prompts sent at once was stored ({pressure['stored_after_a_and_b']} "
-            f"tokens) before the second took its blocks; asked again it retrieved "
-            f"{pressure['retrieved_by_a_again']} tokens from LMCache; outputs equal the baseline"
-        )
+        for key, run_step, describe in LAZY_STEPS:
+            summary[key] = result = run_step(model, lazy, lazy_baselines, workdir, MAX_TOKENS)
+            print(describe(result))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("vllm e2e: all checks passed")
     return 0

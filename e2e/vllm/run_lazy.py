@@ -25,6 +25,7 @@ outputs equal the baseline.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,30 @@ def run_lazy_offload(
         }
     finally:
         stop_server(server)
+
+
+def describe_lazy_offload(result: dict[str, Any]) -> str:
+    return (
+        f"lazy offload: OK, nothing stored after the first request, "
+        f"{result['stored_after_b']} tokens once the next one came in; the first prompt "
+        f"again retrieved {result['retrieved_by_a_again']} tokens from LMCache after vLLM "
+        f"evicted it; all {NUM_PROMPTS} prompts twice equal the baseline; "
+        f"reset_prefix_cache(reset_connector=True) emptied the server "
+        f"({result['l1_chunks_before_reset']} chunks before)"
+    )
+
+
+def describe_under_pressure(result: dict[str, Any]) -> str:
+    return (
+        f"lazy offload under pressure: OK, {result['kv_blocks']} KV blocks, the first of two "
+        f"prompts sent at once was stored ({result['stored_after_a_and_b']} tokens) before "
+        f"the second took its blocks; asked again it retrieved "
+        f"{result['retrieved_by_a_again']} tokens from LMCache; outputs equal the baseline"
+    )
+
+
+# run_e2e --lazy-offload: (summary key, step, its one-line report), in order.
+LAZY_STEPS: list[tuple[str, Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
+    ("lazy_offload", run_lazy_offload, describe_lazy_offload),
+    ("lazy_offload_pressure", run_lazy_under_pressure, describe_under_pressure),
+]
