@@ -141,6 +141,28 @@ def test_a_request_finishing_while_others_wait_keeps_its_blocks_for_its_store() 
     side.close()
 
 
+def test_requests_waiting_on_another_server_count_too() -> None:
+    """Prefix placement: each server has its own scheduler side, but their requests wait
+    for the same vLLM blocks."""
+    from lmcache.integration.vllm.multi_server import SchedulerRouter
+
+    pool = FakePool(6)
+    sides = [_lazy_side(pool), _lazy_side(pool)]
+    router = SchedulerRouter(sides, ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], CHUNK)
+    names = ["r" * n for n in range(1, 40)]
+    finishing = next(n for n in names if router.side_for(_request(n)) is sides[0])
+    waiting = next(n for n in names if router.side_for(_request(n)) is sides[1])
+    _prefill(sides[0], pool, finishing)
+    for _ in range(10):
+        sides[0].build_connector_meta(_step())
+    while router.get_num_new_matched_tokens(_request(waiting), 0)[0] is None:
+        time.sleep(0.005)
+    assert sides[0].waiting_blocks() == 0 and sides[1].waiting_blocks() == 4
+    assert router.finish(_request(finishing)) is True
+    assert router.build_connector_meta(_step()).held_requests == [finishing]
+    router.close()
+
+
 def test_a_request_finishing_with_room_to_spare_frees_its_blocks_at_once() -> None:
     pool = FakePool(16)
     side = _lazy_side(pool)

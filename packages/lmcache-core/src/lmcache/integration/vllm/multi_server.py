@@ -159,8 +159,7 @@ class SchedulerRouter:
         side = self.side_for(request)
         if len(self.sides) == 1:
             return side.finish(request.request_id)
-        waiting = sum(s.waiting_blocks() for s in self.sides)
-        return side.finish(request.request_id, waiting)
+        return side.finish(request.request_id, lambda: sum(s.waiting_blocks() for s in self.sides))
 
     def close(self) -> None:
         for side in self.sides:

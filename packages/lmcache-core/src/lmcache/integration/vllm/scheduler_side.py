@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
@@ -484,10 +484,11 @@ class SchedulerSide:
             -(-t.prompt_len // block_size) for t in self._trackers.values() if not t.block_ids
         )
 
-    def finish(self, request_id: str, waiting_blocks: int | None = None) -> bool:
+    def finish(self, request_id: str, waiting_blocks: Callable[[], int] | None = None) -> bool:
         """vLLM finished the request.  True: vLLM must keep its blocks (delay_free_blocks)
         until the workers report it, after the next step stored what lazy offload had
-        buffered (``waiting_blocks``: what waiting requests need, default this side's)."""
+        buffered (``waiting_blocks``: what waiting requests need, default this side's;
+        called only when the request has buffered stores)."""
         held = self._release_at_finish(request_id, waiting_blocks)
         tracker = self._trackers.pop(request_id, None)
         self._async_to_plan.discard(request_id)
@@ -499,12 +500,11 @@ class SchedulerSide:
             self._end_session(request_id, sent)
         return held
 
-    def _release_at_finish(self, request_id: str, waiting_blocks: int | None) -> bool:
+    def _release_at_finish(self, request_id: str, waiting_blocks: Callable[[], int] | None) -> bool:
         if self.lazy is None or not self.link.ready or not self.lazy.is_buffered(request_id):
             return False
-        if waiting_blocks is None:
-            waiting_blocks = self.waiting_blocks()
-        store = self.lazy.release_at_finish(request_id, waiting_blocks)
+        demand = (waiting_blocks or self.waiting_blocks)()
+        store = self.lazy.release_at_finish(request_id, demand)
         if store is None:
             return False
         self._finish_stores.append(store)
