@@ -74,6 +74,7 @@ COUNTERS = (
     "vllm:lmcache_mp_refresh_hit_tokens_total",
     "vllm:lmcache_mp_lazy_deferred_ops_total",
     "vllm:lmcache_mp_lazy_released_ops_total",
+    "vllm:lmcache_mp_lazy_released_at_finish_ops_total",
     "vllm:lmcache_mp_lazy_dropped_ops_total",
     "vllm:lmcache_mp_lazy_rejected_ops_total",
 )

@@ -153,6 +153,7 @@ class LazyOffloadCounters:
         return {
             "lazy_deferred_ops": self.admitted,
             "lazy_released_ops": self.released,
+            "lazy_released_at_finish_ops": self.released_at_finish,
             "lazy_dropped_ops": (
                 self.dropped_evicted + self.dropped_preempted + self.dropped_id_reuse
             ),

@@ -34,6 +34,10 @@ COUNTERS: dict[str, str] = {
     # (one request's token range of one step).
     "lazy_deferred_ops": "Store operations buffered by lazy offload instead of issued.",
     "lazy_released_ops": "Buffered store operations released to the workers to be stored.",
+    "lazy_released_at_finish_ops": (
+        "Buffered store operations released as their request finished under pressure, "
+        "vLLM keeping its blocks until they were stored (also counted in lazy_released_ops)."
+    ),
     "lazy_dropped_ops": (
         "Buffered store operations dropped: vLLM evicted or reassigned their blocks first."
     ),
