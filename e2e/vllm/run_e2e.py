@@ -257,9 +257,9 @@ def main() -> int:
     if args.lazy_offload:
         from run_lazy import LAZY_STEPS
 
-        for key, run_step, describe in LAZY_STEPS:
+        for key, run_step, report in LAZY_STEPS:
             summary[key] = result = run_step(model, lazy, lazy_baselines, workdir, MAX_TOKENS)
-            print(describe(result))
+            print(report.format(**result))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("vllm e2e: all checks passed")
     return 0

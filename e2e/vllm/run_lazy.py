@@ -154,28 +154,24 @@ def run_lazy_offload(
         stop_server(server)
 
 
-def describe_lazy_offload(result: dict[str, Any]) -> str:
-    return (
-        f"lazy offload: OK, nothing stored after the first request, "
-        f"{result['stored_after_b']} tokens once the next one came in; the first prompt "
-        f"again retrieved {result['retrieved_by_a_again']} tokens from LMCache after vLLM "
-        f"evicted it; all {NUM_PROMPTS} prompts twice equal the baseline; "
-        f"reset_prefix_cache(reset_connector=True) emptied the server "
-        f"({result['l1_chunks_before_reset']} chunks before)"
-    )
-
-
-def describe_under_pressure(result: dict[str, Any]) -> str:
-    return (
-        f"lazy offload under pressure: OK, {result['kv_blocks']} KV blocks, the first of two "
-        f"prompts sent at once was stored ({result['stored_after_a_and_b']} tokens) before "
-        f"the second took its blocks; asked again it retrieved "
-        f"{result['retrieved_by_a_again']} tokens from LMCache; outputs equal the baseline"
-    )
-
-
-# run_e2e --lazy-offload: (summary key, step, its one-line report), in order.
-LAZY_STEPS: list[tuple[str, Callable[..., dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
-    ("lazy_offload", run_lazy_offload, describe_lazy_offload),
-    ("lazy_offload_pressure", run_lazy_under_pressure, describe_under_pressure),
+# run_e2e --lazy-offload: (summary key, step, its one-line report over the step's
+# result), in order.
+LAZY_STEPS: list[tuple[str, Callable[..., dict[str, Any]], str]] = [
+    (
+        "lazy_offload",
+        run_lazy_offload,
+        "lazy offload: OK, nothing stored after the first request, {stored_after_b} tokens "
+        "once the next one came in; the first prompt again retrieved {retrieved_by_a_again} "
+        f"tokens from LMCache after vLLM evicted it; all {NUM_PROMPTS} prompts twice equal "
+        "the baseline; reset_prefix_cache(reset_connector=True) emptied the server "
+        "({l1_chunks_before_reset} chunks before)",
+    ),
+    (
+        "lazy_offload_pressure",
+        run_lazy_under_pressure,
+        "lazy offload under pressure: OK, {kv_blocks} KV blocks, the first of two prompts "
+        "sent at once was stored ({stored_after_a_and_b} tokens) before the second took its "
+        "blocks; asked again it retrieved {retrieved_by_a_again} tokens from LMCache; "
+        "outputs equal the baseline",
+    ),
 ]
