@@ -156,10 +156,9 @@ class SchedulerRouter:
     def finish(self, request: Request) -> bool:
         """True: vLLM keeps the request's blocks until the workers report it stored (the
         waiting requests of every side compete for vLLM's blocks)."""
-        side = self.side_for(request)
-        if len(self.sides) == 1:
-            return side.finish(request.request_id)
-        return side.finish(request.request_id, lambda: sum(s.waiting_blocks() for s in self.sides))
+        return self.side_for(request).finish(
+            request.request_id, lambda: sum(s.waiting_blocks() for s in self.sides)
+        )
 
     def close(self) -> None:
         for side in self.sides:

@@ -492,7 +492,7 @@ class SchedulerSide:
         held = self._release_at_finish(request_id, waiting_blocks)
         tracker = self._trackers.pop(request_id, None)
         self._async_to_plan.discard(request_id)
-        if self.lazy is not None and not held:
+        if self.lazy is not None:  # a no-op when the release at finish took everything
             self.lazy.on_finished(request_id)
         self._requests.pop(request_id, None)
         sent = self._lookups.pop(request_id, None)
